@@ -1,0 +1,201 @@
+"""Every way to test, lint, build, benchmark and demo the resiliency monorepo.
+
+Each per-package session installs only that package and its declared dependencies into a fresh
+environment, which proves the wheel stands alone. Torch is pinned through ``constraints.txt`` so no
+session ever pulls a CUDA build on a CPU machine.
+
+    nox                 # the test suite (what CI runs)
+    nox -s demo         # the hang-detection demo
+    nox -s bench        # speed measurements
+    nox -l              # every session
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ROOT / "constraints.txt"
+PACKAGES = ROOT / "packages"
+ALL_PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+TORCH_PYTHON = "3.11"  # the local CPU torch wheel exists for 3.11 only
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "ft_core",
+    "straggler",
+    "straggler_cupti",
+    "ft_launcher",
+    "ptl",
+    "integration",
+]
+
+
+def _pip_find_links() -> str | None:
+    """Return pip's configured find-links so uv sees the same local wheels pip does."""
+    if os.environ.get("PIP_FIND_LINKS"):
+        return os.environ["PIP_FIND_LINKS"]
+    for cfg in (Path("/etc/pip.conf"), Path.home() / ".config/pip/pip.conf"):
+        parser = configparser.ConfigParser()
+        if cfg.is_file():
+            parser.read(cfg)
+            if parser.has_option("global", "find-links"):
+                return parser.get("global", "find-links")
+    return None
+
+
+def _configure_environment() -> None:
+    """Make uv behave like this machine's pip, and make pyenv's interpreters visible."""
+    find_links = _pip_find_links()
+    if find_links:
+        os.environ.setdefault("UV_FIND_LINKS", find_links)
+    os.environ.setdefault("UV_CONSTRAINT", str(CONSTRAINTS))
+    # PYTHONDONTWRITEBYTECODE is set on these machines; precompiled bytecode halves import time.
+    os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    if "PYENV_VERSION" not in os.environ and shutil.which("pyenv") and pyenv_root.is_dir():
+        versions = sorted(p.name for p in (pyenv_root / "versions").iterdir() if p.is_dir())
+        wanted = []
+        for minor in ALL_PYTHONS:
+            matches = [v for v in versions if v.startswith(minor + ".")]
+            if matches:
+                wanted.append(matches[-1])
+        # 3.11 first: it is the default `python` and the one torch sessions use.
+        wanted.sort(key=lambda v: not v.startswith(TORCH_PYTHON + "."))
+        if wanted:
+            os.environ["PYENV_VERSION"] = ":".join(wanted)
+
+
+_configure_environment()
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    session.install("-c", str(CONSTRAINTS), *args)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    """Run pytest; an empty test folder (a skeleton package) is not a failure."""
+    session.run(
+        "pytest",
+        *paths,
+        *session.posargs,
+        success_codes=[0, 5],
+        env={"PYTHONDONTWRITEBYTECODE": "0"},
+    )
+
+
+def _pkg(name: str) -> str:
+    return str(PACKAGES / name)
+
+
+@nox.session(python=ALL_PYTHONS)
+def ft_core(session: nox.Session) -> None:
+    """resiliency-ft-core alone (pydantic + pyyaml, no torch)."""
+    _install(session, _pkg("ft-core"), *TEST_DEPS)
+    _pytest(session, "tests/ft_core")
+
+
+@nox.session(python=ALL_PYTHONS)
+def straggler(session: nox.Session) -> None:
+    """resiliency-straggler alone: no torch, no CUDA, no siblings."""
+    _install(session, _pkg("straggler"), *TEST_DEPS)
+    _pytest(session, "tests/straggler")
+
+
+@nox.session(python=TORCH_PYTHON)
+def straggler_cupti(session: nox.Session) -> None:
+    """Build the CUPTI extension wheel and run its GPU-free tests (GPU tests skip without one)."""
+    _install(session, _pkg("straggler"), _pkg("straggler-cupti"), *TEST_DEPS)
+    _pytest(session, "tests/straggler_cupti")
+
+
+@nox.session(python=TORCH_PYTHON)
+def ft_launcher(session: nox.Session) -> None:
+    """resiliency-ft-launcher with its dependencies (ft-core, torch)."""
+    _install(session, _pkg("ft-core"), _pkg("ft-launcher"), *TEST_DEPS)
+    _pytest(session, "tests/ft_launcher")
+
+
+@nox.session(python=TORCH_PYTHON)
+def ptl(session: nox.Session) -> None:
+    """resiliency-ptl with its dependencies (ft-core, straggler, lightning)."""
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("straggler"),
+        _pkg("ft-launcher"),
+        _pkg("ptl-resiliency"),
+        *TEST_DEPS,
+    )
+    _pytest(session, "tests/ptl_resiliency")
+
+
+def _install_everything(session: nox.Session) -> None:
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("ft-launcher"),
+        _pkg("straggler"),
+        _pkg("ptl-resiliency"),
+        "torch",
+        "matplotlib",
+        *TEST_DEPS,
+    )
+
+
+@nox.session(python=TORCH_PYTHON)
+def integration(session: nox.Session) -> None:
+    """Everything installed: cross-package, multi-process and torch-dependent tests."""
+    _install_everything(session)
+    _pytest(session, "tests/integration", "tests/straggler", "tests/ft_core")
+
+
+@nox.session(python=TORCH_PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    _install(session, "ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=TORCH_PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy over the public modules of every pure-Python package."""
+    _install(session, _pkg("ft-core"), _pkg("straggler"), "mypy>=1.10", "types-PyYAML")
+    session.run(
+        "mypy",
+        "packages/ft-core/src/resiliency/ft",
+        "packages/straggler/src/resiliency/straggler",
+    )
+
+
+@nox.session(python=TORCH_PYTHON)
+def build(session: nox.Session) -> None:
+    """Build every wheel into dist/."""
+    _install(session, "build")
+    for pkg in sorted(p.name for p in PACKAGES.iterdir() if (p / "pyproject.toml").is_file()):
+        session.run("uv", "build", "--wheel", "--out-dir", "dist", _pkg(pkg), external=True)
+
+
+@nox.session(python=TORCH_PYTHON)
+def demo(session: nox.Session) -> None:
+    """A real rank and its monitor: the rank hangs, the monitor dumps its stacks and kills it."""
+    _install(session, _pkg("ft-core"))
+    session.run("python", "examples/demo_hang.py", *session.posargs)
+
+
+@nox.session(python=TORCH_PYTHON)
+def bench(session: nox.Session) -> None:
+    """Speed and overhead measurements; prints one table and writes benchmarks/results/."""
+    _install_everything(session)
+    session.run("python", "benchmarks/run.py", *session.posargs)

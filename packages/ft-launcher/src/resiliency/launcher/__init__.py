@@ -1,0 +1,3 @@
+"""resiliency.launcher: see packages/ft-launcher/README.md."""
+
+__all__: list[str] = []
