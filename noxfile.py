@@ -63,17 +63,16 @@ def _configure_environment() -> None:
     os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    if "PYENV_VERSION" not in os.environ and shutil.which("pyenv") and pyenv_root.is_dir():
+    if shutil.which("pyenv") and (pyenv_root / "versions").is_dir():
+        # pyenv's shims set PYENV_VERSION to the one running interpreter; extend it (never narrow
+        # it) so the other Python versions the pure-Python sessions test on are visible too.
+        current = [v for v in os.environ.get("PYENV_VERSION", "").split(":") if v]
         versions = sorted(p.name for p in (pyenv_root / "versions").iterdir() if p.is_dir())
-        wanted = []
         for minor in ALL_PYTHONS:
             matches = [v for v in versions if v.startswith(minor + ".")]
-            if matches:
-                wanted.append(matches[-1])
-        # 3.11 first: it is the default `python` and the one torch sessions use.
-        wanted.sort(key=lambda v: not v.startswith(TORCH_PYTHON + "."))
-        if wanted:
-            os.environ["PYENV_VERSION"] = ":".join(wanted)
+            if matches and not any(v.startswith(minor + ".") for v in current):
+                current.append(matches[-1])
+        os.environ["PYENV_VERSION"] = ":".join(current)
 
 
 _configure_environment()
