@@ -4,10 +4,13 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ConfigNotFoundError",
     "FaultToleranceError",
+    "MonitorRefusedError",
     "MonitorUnavailableError",
     "ProtocolError",
     "ProtocolVersionError",
+    "StateDictError",
 ]
 
 
@@ -17,6 +20,10 @@ class FaultToleranceError(Exception):
 
 class ConfigError(FaultToleranceError, ValueError):
     """The fault-tolerance configuration is invalid, missing or cannot be read."""
+
+
+class ConfigNotFoundError(ConfigError):
+    """The configuration file, or its ``fault_tolerance`` section, does not exist."""
 
 
 class ProtocolError(FaultToleranceError):
@@ -29,3 +36,11 @@ class ProtocolVersionError(ProtocolError):
 
 class MonitorUnavailableError(FaultToleranceError):
     """The rank monitor cannot be reached (not started, socket missing, or gone)."""
+
+
+class MonitorRefusedError(MonitorUnavailableError):
+    """The rank monitor refused the connection (wrong user, unexpected process, or busy)."""
+
+
+class StateDictError(FaultToleranceError, ValueError):
+    """A saved fault-tolerance state (``state_dict()`` output) is malformed."""

@@ -1,0 +1,285 @@
+"""Command-line flags for FaultToleranceConfig, generated from the model's fields.
+
+Every field ``some_name`` gets two spellings with one destination: ``--ft-param-some_name`` and
+``--ft-some-name``. A flag that is not given leaves no attribute in the namespace
+(``argparse.SUPPRESS``), so :func:`config_from_args` can tell "not given" from "given the
+default". Values are strings; they are converted and validated by the model, so a flag accepts
+exactly what the YAML file accepts, plus ``null``/``none`` for an optional value and
+``name:secs,name2:null`` for ``rank_section_timeouts``.
+
+The flags begin with ``--ft`` or ``--fault-tol`` and no ``torchrun`` flag does, so adding them to
+``torch.distributed.run``'s parser changes none of its abbreviations (it allows them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import types
+import typing
+from typing import Any
+
+from resiliency.ft.config import (
+    FaultToleranceConfig,
+    _closest_key,
+    _format_validation_error,
+    _InvalidConfigError,
+    _load_yaml_section,
+)
+from resiliency.ft.errors import ConfigError, ConfigNotFoundError
+
+__all__ = [
+    "CFG_PATH_DEST",
+    "GROUP_TITLE",
+    "IGNORE_MISSING_CFG_DEST",
+    "add_ft_arguments",
+    "config_from_args",
+    "field_flags",
+]
+
+logger = logging.getLogger(__name__)
+
+GROUP_TITLE = "fault tolerance"
+CFG_PATH_FLAGS = ("--fault-tol-cfg-path", "--ft-cfg-path")
+CFG_PATH_DEST = "ft_cfg_path"
+IGNORE_MISSING_CFG_FLAG = "--ignore-missing-fault-tol-cfg"
+IGNORE_MISSING_CFG_DEST = "ft_ignore_missing_cfg"
+_NULL_WORDS = frozenset({"null", "none"})
+_HINT_INSTALLED = "_ft_typo_hint_installed"
+
+
+def field_flags(name: str) -> tuple[str, str]:
+    """Return the two flags of a config field: ``--ft-param-<snake>`` and ``--ft-<kebab>``.
+
+    Args:
+        name: the field's name, e.g. ``rank_heartbeat_timeout``.
+
+    Returns:
+        The snake spelling, then the kebab spelling.
+    """
+    return f"--ft-param-{name}", f"--ft-{name.replace('_', '-')}"
+
+
+def _dest(name: str) -> str:
+    return f"ft_param_{name}"
+
+
+def _flags_label(name: str) -> str:
+    snake, kebab = field_flags(name)
+    return f"{kebab}/{snake}"
+
+
+def _is_optional(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+def _is_mapping(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict
+
+
+def _metavar(name: str) -> str:
+    field = FaultToleranceConfig.model_fields[name]
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
+        return str(extra["metavar"])
+    annotation = field.annotation
+    if _is_mapping(annotation):
+        return "NAME:SECS,..."
+    if annotation is bool:
+        return "BOOL"
+    if _is_optional(annotation):
+        return "FLOAT|null"
+    return "FLOAT" if annotation is float else "VALUE"
+
+
+def _default_text(name: str) -> str:
+    value = FaultToleranceConfig().model_dump(mode="json")[name]
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{'null' if v is None else v}" for k, v in value.items()) or "none"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def add_ft_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add every fault-tolerance flag to ``parser``, in one group titled "fault tolerance".
+
+    Adds both spellings of each config field, ``--fault-tol-cfg-path``/``--ft-cfg-path`` (dest
+    ``ft_cfg_path``) and ``--ignore-missing-fault-tol-cfg`` (dest ``ft_ignore_missing_cfg``).
+    It also makes an unknown flag that starts with ``--ft`` or ``--fault`` an argparse error that
+    names the closest valid flag (instead of argparse's bare "unrecognized arguments", or worse,
+    the flag's value being taken as torchrun's training script).
+
+    Args:
+        parser: the parser to extend, e.g. ``torch.distributed.run.get_args_parser()``.
+
+    Returns:
+        The argument group holding the flags.
+
+    Raises:
+        argparse.ArgumentError: a flag is already defined on ``parser`` (e.g. added twice).
+    """
+    group = parser.add_argument_group(
+        GROUP_TITLE,
+        "Settings of the rank monitor. Each flag overrides the same key of the config file's "
+        "'fault_tolerance' section; the file overrides the defaults. Optional timeouts accept "
+        "'null' for no timeout.",
+    )
+    group.add_argument(
+        *CFG_PATH_FLAGS,
+        dest=CFG_PATH_DEST,
+        default=None,
+        metavar="PATH",
+        help="YAML file with a 'fault_tolerance' section, at the top level or nested at any depth.",
+    )
+    group.add_argument(
+        IGNORE_MISSING_CFG_FLAG,
+        dest=IGNORE_MISSING_CFG_DEST,
+        action="store_true",
+        help="If the config file or its 'fault_tolerance' section is missing, log a warning and "
+        "use the defaults and flags instead of failing.",
+    )
+    for name, field in FaultToleranceConfig.model_fields.items():
+        description = (field.description or "").replace("%", "%%")
+        group.add_argument(
+            *field_flags(name),
+            dest=_dest(name),
+            default=argparse.SUPPRESS,
+            metavar=_metavar(name),
+            help=f"{description} (default: {_default_text(name)})",
+        )
+    _install_typo_hint(parser)
+    return group
+
+
+def _all_ft_flags() -> list[str]:
+    flags = [*CFG_PATH_FLAGS, IGNORE_MISSING_CFG_FLAG]
+    for name in FaultToleranceConfig.model_fields:
+        flags.extend(field_flags(name))
+    return flags
+
+
+def _install_typo_hint(parser: argparse.ArgumentParser) -> None:
+    # argparse has no hook for unknown options, so wrap this parser's parse_known_args (which
+    # parse_args calls) and turn an unknown --ft*/--fault* flag into an error with a suggestion.
+    if getattr(parser, _HINT_INSTALLED, False):
+        return
+    original = parser.parse_known_args
+    known = _all_ft_flags()
+
+    @functools.wraps(original)
+    def parse_known_args(
+        args: typing.Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = original(args, namespace)
+        for arg in extras:
+            flag = arg.split("=", 1)[0]
+            if flag.startswith(("--ft", "--fault")):
+                close = _closest_key(flag, known)
+                hint = (
+                    f"; did you mean {close}?"
+                    if close
+                    else f"; see the '{GROUP_TITLE}' options in --help"
+                )
+                parser.error(f"unknown fault-tolerance flag {flag}{hint}")
+        return parsed, extras
+
+    setattr(parser, "parse_known_args", parse_known_args)  # noqa: B010 (mypy: method assignment)
+    setattr(parser, _HINT_INSTALLED, True)
+
+
+def _parse_section_timeouts(raw: str) -> dict[str, str | None]:
+    label = _flags_label("rank_section_timeouts")
+    result: dict[str, str | None] = {}
+    for part in raw.split(","):
+        item = part.strip()
+        if not item:
+            continue
+        name, sep, value = item.rpartition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise ConfigError(
+                f"{label}: malformed item {item!r} in {raw!r}; expected NAME:SECONDS or "
+                "NAME:null, separated by commas (e.g. 'step:30,checkpoint:null')"
+            )
+        if name in result:
+            raise ConfigError(f"{label}: section {name!r} is given twice in {raw!r}")
+        # The model converts and range-checks the number; an error then names this flag.
+        result[name] = None if value.lower() in _NULL_WORDS else value
+    return result
+
+
+def _flag_value(name: str, raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw  # set programmatically on the namespace; let the model judge it
+    annotation = FaultToleranceConfig.model_fields[name].annotation
+    if _is_mapping(annotation):
+        return _parse_section_timeouts(raw)
+    if _is_optional(annotation) and raw.strip().lower() in _NULL_WORDS:
+        return None
+    return raw.strip()
+
+
+def _flag_values(namespace: argparse.Namespace) -> dict[str, Any]:
+    values = {}
+    for name in FaultToleranceConfig.model_fields:
+        dest = _dest(name)
+        if hasattr(namespace, dest):
+            values[name] = _flag_value(name, getattr(namespace, dest))
+    return values
+
+
+def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
+    """Build the configuration from flags added by :func:`add_ft_arguments`.
+
+    Precedence: flags override the config file, which overrides the defaults. For
+    ``rank_section_timeouts`` the flag's sections are merged into the file's, section by
+    section (``name:null`` removes a file's timeout for that section).
+
+    Args:
+        namespace: the parsed arguments.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigNotFoundError: the config file or its section is missing and
+            ``--ignore-missing-fault-tol-cfg`` was not given.
+        ConfigError: the file or a flag holds an invalid value (the message names the file or
+            the flag).
+    """
+    path = getattr(namespace, CFG_PATH_DEST, None)
+    ignore_missing = bool(getattr(namespace, IGNORE_MISSING_CFG_DEST, False))
+    base: dict[str, Any] = {}
+    if path:
+        try:
+            section = _load_yaml_section(path)
+        except ConfigNotFoundError as exc:
+            if not ignore_missing:
+                raise
+            logger.warning(
+                "%s; using the defaults and flags instead (%s)", exc, IGNORE_MISSING_CFG_FLAG
+            )
+        else:
+            # Validated on its own first, so that an error in the file names the file.
+            file_cfg = FaultToleranceConfig.from_dict(section, source=str(path))
+            base = file_cfg.model_dump(exclude_unset=True)
+            logger.debug("fault-tolerance config from %s: %s", path, base)
+
+    flags = _flag_values(namespace)
+    merged = dict(base)
+    for name, value in flags.items():
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
+            merged[name] = {**merged[name], **value}
+        else:
+            merged[name] = value
+    try:
+        return FaultToleranceConfig(**merged)
+    except _InvalidConfigError as exc:
+        raise ConfigError(
+            _format_validation_error(
+                exc.validation_error, lambda name: _flags_label(name) if name in flags else name
+            )
+        ) from None

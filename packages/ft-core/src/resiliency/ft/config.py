@@ -1,0 +1,430 @@
+"""FaultToleranceConfig: every setting of the rank monitor, validated by pydantic.
+
+A configuration comes from keyword arguments, from the ``fault_tolerance`` section of a YAML file
+(at the top level or nested at any depth), or from command-line flags (see
+:mod:`resiliency.ft.cli_args`); flags override the file, the file overrides the defaults.
+Every way of building it raises :class:`~resiliency.ft.errors.ConfigError` on an invalid value or
+an unknown key, and the message names the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from resiliency.ft._config_values import (
+    UNCATCHABLE_SIGNALS,
+    LogLevel,
+    NonNegativeSeconds,
+    Seconds,
+    Signal,
+    reject_bool,
+)
+from resiliency.ft.errors import ConfigError, ConfigNotFoundError
+
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["SECTION_KEY", "FaultToleranceConfig"]
+
+logger = logging.getLogger(__name__)
+
+SECTION_KEY = "fault_tolerance"
+"""The YAML key under which the configuration lives."""
+
+
+class FaultToleranceConfig(BaseModel):
+    """Settings of the rank monitor and of the client in the rank.
+
+    Times are in seconds. ``None`` for a timeout means "no timeout". Assigning an attribute
+    validates the new value.
+
+    Args:
+        **data: any field below by name; unknown names are an error.
+
+    Raises:
+        ConfigError: a value is out of range or of the wrong type, or a key is unknown (the
+            message names the closest valid key).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    workload_check_interval: Seconds = Field(
+        5.0,
+        description="Longest time between two checks of the rank's timers by the monitor; "
+        "the monitor also wakes up at the nearest deadline.",
+    )
+    initial_rank_heartbeat_timeout: Seconds | None = Field(
+        3600.0,
+        description="Longest time from the worker's spawn to its first heartbeat or section "
+        "start; covers imports and initialization. null: no timeout.",
+    )
+    rank_heartbeat_timeout: Seconds | None = Field(
+        2700.0,
+        description="Longest gap between two heartbeats once the first one came. null: no timeout.",
+    )
+    rank_section_timeouts: dict[str, Seconds | None] = Field(
+        default_factory=dict,
+        description="Longest time each named section may stay open, by section name. "
+        "A section that is absent or null has no timeout. "
+        "Flag syntax: `step:30,checkpoint:null`.",
+        json_schema_extra={"doc_type": "mapping: section name to float > 0 or null"},
+    )
+    rank_out_of_section_timeout: Seconds | None = Field(
+        None,
+        description="Longest time with no section open, once the rank has used sections. "
+        "null: no timeout.",
+    )
+    node_health_check_interval: Seconds = Field(
+        5.0,
+        description="How often the launcher checks the health of its node.",
+    )
+    safety_factor: Annotated[float, BeforeValidator(reject_bool)] = Field(
+        5.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="Calculated timeout = longest observed interval x safety_factor.",
+    )
+    rank_termination_signal: Signal = Field(
+        signal.SIGTERM,
+        description="Signal sent to a hung rank (after the stack dump); SIGKILL follows "
+        "after termination_grace_period.",
+    )
+    log_level: LogLevel = Field(
+        logging.INFO,
+        description="Log level of the rank monitor process.",
+    )
+    enable_stack_dump: bool = Field(
+        True,
+        description="Ask a hung rank to dump the Python stacks of all its threads before it "
+        "is terminated.",
+    )
+    stack_dump_signal: Signal = Field(
+        signal.SIGUSR2,
+        description="Signal on which the rank's client registers the stack dump (faulthandler).",
+    )
+    stack_dump_timeout: Seconds = Field(
+        2.0,
+        description="How long the monitor waits for the stack dump before it sends "
+        "rank_termination_signal.",
+    )
+    termination_grace_period: NonNegativeSeconds = Field(
+        5.0,
+        description="Time between rank_termination_signal and SIGKILL.",
+    )
+
+    def __init__(self, **data: Any) -> None:
+        # pydantic routes model_validate() through a custom __init__ too, so every way of
+        # building the model except model_construct() ends here.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _InvalidConfigError(exc) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in type(self).model_fields and not name.startswith("_"):
+            raise ConfigError(_unknown_keys_message([name]))
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation_error(exc)) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                raise ValueError(_unknown_keys_message(unknown))
+        return data
+
+    @model_validator(mode="after")
+    def _check_signals(self) -> FaultToleranceConfig:
+        if self.stack_dump_signal in UNCATCHABLE_SIGNALS:
+            raise ValueError(
+                f"stack_dump_signal cannot be {self.stack_dump_signal.name}: it cannot be caught; "
+                "use e.g. SIGUSR2"
+            )
+        if self.enable_stack_dump and self.stack_dump_signal == self.rank_termination_signal:
+            raise ValueError(
+                f"stack_dump_signal and rank_termination_signal are both "
+                f"{self.stack_dump_signal.name}: the termination signal would only dump stacks; "
+                "pick different signals"
+            )
+        return self
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], *, source: str | None = None
+    ) -> FaultToleranceConfig:
+        """Build a configuration from a mapping of field names to values.
+
+        Args:
+            data: field names to values (e.g. a parsed ``fault_tolerance`` section).
+            source: where the mapping came from, named in error messages (e.g. a file path).
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: ``data`` is not a mapping, or it is invalid.
+        """
+        where = f" in {source}" if source else ""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"the {SECTION_KEY} section{where} must be a mapping of settings, "
+                f"got {type(data).__name__}"
+            )
+        bad_keys = [key for key in data if not isinstance(key, str)]
+        if bad_keys:
+            raise ConfigError(f"setting names{where} must be strings, got {bad_keys!r}")
+        try:
+            return cls(**data)
+        except _InvalidConfigError as exc:
+            message = _format_validation_error(exc.validation_error)
+            raise ConfigError(f"{source}: {message}" if source else message) from None
+
+    @classmethod
+    def from_yaml_file(cls, path: str | os.PathLike[str]) -> FaultToleranceConfig:
+        """Load the ``fault_tolerance`` section of a YAML file.
+
+        The section may sit at the top level or nested at any depth (inside mappings or lists).
+        The file must contain exactly one such section: a file without it is an error, never a
+        silent fallback to the defaults. A section that is empty (``fault_tolerance:``) means
+        "all defaults".
+
+        Args:
+            path: the YAML file.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: the file is missing or unreadable, is not valid YAML, has no (or more
+                than one) ``fault_tolerance`` section, or the section is invalid.
+        """
+        section = _load_yaml_section(path)
+        return cls.from_dict(section, source=str(path))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> FaultToleranceConfig:
+        """Rebuild a configuration from :meth:`to_json` output (how the monitor process gets it).
+
+        Args:
+            text: a JSON object of settings.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: the text is not a JSON object of valid settings.
+        """
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"the fault-tolerance config is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"the fault-tolerance config JSON must be an object, got {type(data).__name__}"
+            )
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_args(cls, namespace: argparse.Namespace) -> FaultToleranceConfig:
+        """Build the configuration from flags parsed by a parser extended with ``add_ft_arguments``.
+
+        Args:
+            namespace: the parsed arguments.
+
+        Returns:
+            Defaults, overridden by the config file (if one was given), overridden by flags.
+
+        Raises:
+            ConfigError: see :func:`resiliency.ft.cli_args.config_from_args`.
+        """
+        from resiliency.ft.cli_args import config_from_args  # noqa: PLC0415 (import cycle)
+
+        return config_from_args(namespace)
+
+    # -- output -------------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """Serialize to a JSON object; signals and log levels are written by name.
+
+        Returns:
+            The JSON text, readable by :meth:`from_json`.
+        """
+        return self.model_dump_json()
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """Return ``{"fault_tolerance": {...}}`` with plain YAML/JSON values (names for signals).
+
+        Returns:
+            A mapping ready for ``yaml.safe_dump``.
+        """
+        return {SECTION_KEY: self.model_dump(mode="json")}
+
+    def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
+        """Write the configuration as a YAML file with a top-level ``fault_tolerance`` section.
+
+        Args:
+            path: the file to write (replaced if it exists).
+
+        Raises:
+            ConfigError: the file cannot be written.
+        """
+        text = yaml.safe_dump(self.to_yaml_dict(), sort_keys=False)
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write the fault-tolerance config to {path}: {exc}") from exc
+
+
+class _InvalidConfigError(ConfigError):
+    """A ConfigError that keeps pydantic's structured errors, so callers can relabel fields."""
+
+    def __init__(self, validation_error: ValidationError) -> None:
+        super().__init__(_format_validation_error(validation_error))
+        self.validation_error = validation_error
+
+
+def _load_yaml_section(path: str | os.PathLike[str]) -> Any:
+    """Read a YAML file and return the value of its single ``fault_tolerance`` key.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The section's value (an empty dict when the section is empty); not yet validated.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not YAML, or it holds no or several
+            ``fault_tolerance`` sections.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigNotFoundError(
+            f"fault-tolerance config file {file} does not exist; check the path "
+            "(or pass --ignore-missing-fault-tol-cfg to run with defaults and flags)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read fault-tolerance config file {file}: {exc}") from exc
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"fault-tolerance config file {file} is not valid YAML: {exc}") from exc
+
+    found = list(_find_sections(tree, ()))
+    if not found:
+        hint = ""
+        if isinstance(tree, Mapping) and any(
+            key in FaultToleranceConfig.model_fields for key in tree
+        ):
+            hint = f"; its top-level keys look like settings: put them under a '{SECTION_KEY}:' key"
+        raise ConfigNotFoundError(
+            f"fault-tolerance config file {file} has no '{SECTION_KEY}' section "
+            f"(looked for a '{SECTION_KEY}' key at any depth){hint}"
+        )
+    if len(found) > 1:
+        where = ", ".join(_format_location(loc) for loc, _ in found)
+        raise ConfigError(
+            f"fault-tolerance config file {file} has {len(found)} '{SECTION_KEY}' sections "
+            f"({where}); keep exactly one"
+        )
+    location, section = found[0]
+    logger.debug("using the %s section of %s", _format_location(location), file)
+    return {} if section is None else section
+
+
+def _find_sections(
+    node: Any, location: tuple[str | int, ...]
+) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    # Depth-first over mappings and lists; the search does not descend into a found section.
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == SECTION_KEY:
+                yield (*location, key), value
+            else:
+                yield from _find_sections(value, (*location, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _find_sections(value, (*location, index))
+
+
+def _format_location(location: tuple[str | int, ...]) -> str:
+    parts = [f"[{part}]" if isinstance(part, int) else f".{part}" for part in location]
+    return "".join(parts).lstrip(".")
+
+
+def _closest_key(key: str, choices: list[str]) -> str | None:
+    """Return the valid name closest to a mistyped one, or None when nothing is close.
+
+    Args:
+        key: the mistyped name.
+        choices: the valid names.
+
+    Returns:
+        The closest valid name, or None.
+    """
+    matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _unknown_keys_message(keys: list[Any]) -> str:
+    valid = list(FaultToleranceConfig.model_fields)
+    parts = []
+    for key in keys:
+        close = _closest_key(str(key), valid)
+        if close:
+            parts.append(f"unknown key {str(key)!r}; did you mean {close!r}?")
+        else:
+            parts.append(f"unknown key {str(key)!r}; valid keys are: {', '.join(valid)}")
+    return "\n".join(parts)
+
+
+def _format_validation_error(
+    exc: ValidationError, name_of: Callable[[str], str] | None = None
+) -> str:
+    """Turn a pydantic ValidationError into one part per problem: ``field: what is wrong``.
+
+    Args:
+        exc: the error raised by pydantic.
+        name_of: how to show a field's name (e.g. as the flags that set it).
+
+    Returns:
+        A readable message, starting with "invalid fault-tolerance config".
+    """
+    lines = []
+    for error in exc.errors():
+        message = str(error["msg"])
+        # Errors raised by our validators arrive prefixed with pydantic's category.
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+        location = ""
+        if error["loc"]:
+            field, *inner = error["loc"]
+            location = name_of(str(field)) if name_of is not None else str(field)
+            location += "".join(f"[{part!r}]" for part in inner)
+        shown_input = "" if error["type"] == "value_error" else f" (got {error['input']!r})"
+        lines.append(f"{location}: {message}{shown_input}" if location else message)
+    return "invalid fault-tolerance config: " + "; ".join(lines)
