@@ -114,7 +114,15 @@ def straggler(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def straggler_cupti(session: nox.Session) -> None:
     """Build the CUPTI extension wheel and run its GPU-free tests (GPU tests skip without one)."""
-    _install(session, _pkg("straggler"), _pkg("straggler-cupti"), *TEST_DEPS)
+    # nanobind and scikit-build-core let the tests build the stub variant of the wheel too.
+    _install(
+        session,
+        _pkg("straggler"),
+        _pkg("straggler-cupti"),
+        "nanobind>=2",
+        "scikit-build-core>=0.10",
+        *TEST_DEPS,
+    )
     _pytest(session, "tests/straggler_cupti")
 
 
