@@ -181,8 +181,10 @@ def typecheck(session: nox.Session) -> None:
     _install(session, _pkg("ft-core"), _pkg("straggler"), "mypy>=1.10", "types-PyYAML")
     session.run(
         "mypy",
-        "packages/ft-core/src/resiliency/ft",
-        "packages/straggler/src/resiliency/straggler",
+        "-p",
+        "resiliency.ft",
+        "-p",
+        "resiliency.straggler",
     )
 
 

@@ -1,0 +1,130 @@
+"""Wrapping existing callables (methods, functions) in detection sections, and undoing it."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from resiliency.straggler.errors import StragglerConfigError
+
+__all__ = ["CallableId", "CallableWrapper"]
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class CallableId:
+    """Names a callable attribute of an object (a class, instance or module) to time.
+
+    The section name is ``"<object name>.<callable name>"``, e.g. ``"Model.forward"``. Section
+    names never depend on the arguments of a call, so ``ignored_args`` only documents (and is
+    checked against the signature) which arguments are irrelevant to timing; it is kept so code
+    written for the established ``Detector`` API runs unchanged.
+
+    Attributes:
+        obj: The object holding the callable.
+        name: The attribute name of the callable.
+        ignored_args: Parameter names of the callable that do not affect the section.
+    """
+
+    obj: Any
+    name: str
+    ignored_args: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        owner = getattr(self.obj, "__qualname__", None) or getattr(self.obj, "__name__", None)
+        if owner is None:
+            owner = type(self.obj).__qualname__
+        return f"{owner}.{self.name}"
+
+
+def _check_ignored_args(cid: CallableId, func: Callable[..., Any]) -> None:
+    if not cid.ignored_args:
+        return
+    try:
+        params = set(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: nothing to check against
+    params.add("self")  # bound methods drop it from the signature
+    unknown = [arg for arg in cid.ignored_args if arg not in params]
+    if unknown:
+        raise StragglerConfigError(
+            f"CallableId {cid}: ignored_args {unknown} are not parameters of the callable "
+            f"(parameters: {sorted(params)})"
+        )
+
+
+class CallableWrapper:
+    """Replaces callables with timed versions and restores the originals.
+
+    Args:
+        section_factory: Returns the context manager of a section, given its name.
+    """
+
+    def __init__(self, section_factory: Callable[[str], AbstractContextManager[Any]]) -> None:
+        self._section = section_factory
+        # (object, attribute, raw attribute in the object's own __dict__ or _MISSING)
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, callable_ids: list[CallableId]) -> None:
+        """Wrap every callable in a section named after it.
+
+        Args:
+            callable_ids: What to wrap.
+
+        Raises:
+            StragglerConfigError: An attribute is missing, not callable, already wrapped, or
+                ``ignored_args`` names an unknown parameter. Nothing is wrapped in that case.
+        """
+        plans = []
+        wrapped = {(id(obj), attr) for obj, attr, _ in self._originals}
+        for cid in callable_ids:
+            if not isinstance(cid, CallableId):
+                raise StragglerConfigError(f"wrap_callables takes CallableId objects, got {cid!r}")
+            if (id(cid.obj), cid.name) in wrapped:
+                raise StragglerConfigError(f"{cid} is already wrapped")
+            raw = inspect.getattr_static(cid.obj, cid.name, _MISSING)
+            if raw is _MISSING:
+                raise StragglerConfigError(f"{cid}: the object has no attribute {cid.name!r}")
+            own = (
+                vars(cid.obj).get(cid.name, _MISSING) if hasattr(cid.obj, "__dict__") else _MISSING
+            )
+            plans.append((cid, raw, own))
+            wrapped.add((id(cid.obj), cid.name))
+        for cid, raw, _ in plans:
+            func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+            if not callable(func):
+                raise StragglerConfigError(f"{cid} is not callable")
+            _check_ignored_args(cid, func)
+        for cid, raw, own in plans:
+            setattr(cid.obj, cid.name, self._timed(str(cid), raw))
+            self._originals.append((cid.obj, cid.name, own))
+
+    def _timed(self, section_name: str, raw: Any) -> Any:
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        func = raw.__func__ if kind is not None else raw
+        section = self._section(section_name)
+
+        @functools.wraps(func)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with section:
+                return func(*args, **kwargs)
+
+        return kind(timed) if kind is not None else timed
+
+    def restore(self) -> None:
+        """Put every wrapped callable back as it was (inherited ones are removed again)."""
+        while self._originals:
+            obj, attr, own = self._originals.pop()
+            if own is _MISSING:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, own)
+
+    def wrapped(self) -> Iterator[tuple[Any, str]]:
+        """The (object, attribute) pairs currently wrapped."""
+        return ((obj, attr) for obj, attr, _ in self._originals)

@@ -1,0 +1,148 @@
+"""Four real gloo processes: relative and individual scores, interval agreement, sub-groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ._fake_plugin import write_fake_plugin
+
+pytestmark = pytest.mark.slow
+
+WORLD = 4
+WORKER = Path(__file__).with_name("_gloo_worker.py")
+DEADLINE_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    out = tmp_path_factory.mktemp("gloo")
+    plugin_dir = write_fake_plugin(tmp_path_factory.mktemp("plugin"))
+    port = _free_port()
+    pythonpath = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), str(WORLD), str(port), str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "PYTHONPATH": pythonpath,
+                "FAKE_KERNEL_SCALE": "2.0" if rank == 3 else "1.0",
+            },
+        )
+        for rank in range(WORLD)
+    ]
+    logs = {}
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        for rank, proc in enumerate(procs):
+            output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            logs[rank] = output.decode(errors="replace")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    failed = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
+    assert not failed, f"workers failed {failed}:\n" + "\n".join(
+        f"--- rank {r}\n{logs.get(r, '')[-3000:]}" for r in failed
+    )
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)}
+
+
+def test_slow_rank_flagged_only_in_its_section(results: dict[int, dict]) -> None:
+    first = results[0]["relative_and_individual"]["first"]
+    compute = first["section_relative"]["compute"]
+    assert set(compute) == {"0", "1", "2", "3"}
+    assert 0.4 <= compute["2"] <= 0.6, compute
+    for rank in ("0", "1", "3"):
+        assert compute[rank] > 0.8, compute
+    assert first["stragglers"]["straggler_sections_relative"] == {"compute": [[2, "node1"]]}
+    assert first["rank_to_node"] == {"0": "node0", "1": "node0", "2": "node1", "3": "node1"}
+    assert min(first["section_relative"]["io"].values()) > 0.75
+
+
+def test_individual_scores_drop_when_a_rank_slows_down(results: dict[int, dict]) -> None:
+    first = results[0]["relative_and_individual"]["first"]["section_individual"]["compute"]
+    second = results[0]["relative_and_individual"]["second"]
+    assert all(score == 1.0 for score in first.values())
+    individual = second["section_individual"]["compute"]
+    assert 0.4 <= individual["1"] <= 0.6, individual
+    for rank in ("0", "2", "3"):
+        assert individual[rank] > 0.8, individual
+    assert second["stragglers"]["straggler_sections_individual"] == {"compute": [[1, "node0"]]}
+
+
+def test_other_ranks_get_no_scores_when_gathered_on_rank0(results: dict[int, dict]) -> None:
+    for rank in (1, 2, 3):
+        report = results[rank]["relative_and_individual"]["first"]
+        assert report["section_relative"] == {}
+        assert report["rank_to_node"] == {str(rank): f"node{rank // 2}"}
+
+
+def test_gather_on_rank0_false_gives_each_rank_its_own_relative_score(
+    results: dict[int, dict],
+) -> None:
+    for rank in range(WORLD):
+        report = results[rank]["per_rank_reports"]
+        assert list(report["section_relative"]["compute"]) == [str(rank)]
+        score = report["section_relative"]["compute"][str(rank)]
+        assert (0.4 <= score <= 0.6) if rank == 2 else score > 0.8
+        assert report["section_individual"] == {}
+
+
+def test_interval_reports_come_in_the_same_iteration_on_every_rank(
+    results: dict[int, dict],
+) -> None:
+    decisions = [results[r]["interval_decisions"]["reported_at"] for r in range(WORLD)]
+    assert decisions[0], "no report in 50 iterations of >= 8 ms with a 0.25 s interval"
+    assert all(d == decisions[0] for d in decisions), decisions
+    # The root announces how many calls to skip: far fewer collectives than calls.
+    assert results[0]["interval_decisions"]["checks"] < 40
+
+
+def test_sub_groups_report_only_their_members(results: dict[int, dict]) -> None:
+    group_a = results[0]["sub_groups"]["reports"]
+    group_b = results[1]["sub_groups"]["reports"]
+    assert len(group_a) == 1 and len(group_b) == 1
+    scores_a = group_a[0]["section_relative"]["compute"]
+    scores_b = group_b[0]["section_relative"]["compute"]
+    assert set(scores_a) == {"0", "2"} and set(scores_b) == {"1", "3"}
+    assert 0.4 <= scores_a["2"] <= 0.6 and scores_a["0"] == 1.0
+    assert min(scores_b.values()) > 0.8
+    # Non-root members of each group get a report with no scores.
+    assert results[2]["sub_groups"]["reports"][0]["section_relative"] == {}
+
+
+def test_individual_scores_per_rank_need_no_collective(results: dict[int, dict]) -> None:
+    # Rank 0 reported three times, the others once: any collective would have hung.
+    rank0 = results[0]["individual_without_communication"]["reports"]
+    assert len(rank0) == 3
+    assert 0.4 <= rank0[2]["section_individual"]["compute"]["0"] <= 0.6
+    for rank in (1, 2, 3):
+        reports = results[rank]["individual_without_communication"]["reports"]
+        assert len(reports) == 1
+        assert reports[0]["section_individual"] == {"compute": {str(rank): 1.0}}
+
+
+def test_plugin_kernel_timings_score_the_slow_gpu(results: dict[int, dict]) -> None:
+    report = results[0]["gpu_scores"]
+    assert report["gpu_relative"] == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.5}
+    assert report["gpu_individual"] == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
+    assert report["stragglers"]["straggler_gpus_relative"] == [[3, socket.gethostname()]]
