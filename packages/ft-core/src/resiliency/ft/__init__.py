@@ -1,24 +1,73 @@
 """resiliency.ft: see packages/ft-core/README.md."""
 
 from resiliency.ft.cli_args import add_ft_arguments, config_from_args
+from resiliency.ft.client import IPC_SOCKET_ENV, RankMonitorClient
 from resiliency.ft.config import FaultToleranceConfig
+from resiliency.ft.control import MonitorEvent, MonitorProcess
 from resiliency.ft.errors import (
     ConfigError,
     ConfigNotFoundError,
     FaultToleranceError,
+    MonitorRefusedError,
     MonitorUnavailableError,
     ProtocolError,
     ProtocolVersionError,
+    StateDictError,
 )
+from resiliency.ft.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from resiliency.ft.socket_dir import create_socket_dir, socket_path_for
+from resiliency.ft.state import (
+    merge_loaded_timeouts,
+    timeouts_from_state_dict,
+    timeouts_to_state_dict,
+)
+from resiliency.ft.timeouts import (
+    HeartbeatTimeouts,
+    ObservedIntervals,
+    SectionTimeouts,
+    calculate_heartbeat_timeouts,
+    calculate_section_timeouts,
+)
+from resiliency.ft.workload import WorkloadAction, WorkloadControlRequest
 
 __all__ = [
+    "IPC_SOCKET_ENV",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
     "ConfigError",
     "ConfigNotFoundError",
     "FaultToleranceConfig",
     "FaultToleranceError",
+    "HeartbeatTimeouts",
+    "MonitorEvent",
+    "MonitorProcess",
+    "MonitorRefusedError",
     "MonitorUnavailableError",
+    "ObservedIntervals",
     "ProtocolError",
     "ProtocolVersionError",
+    "RankMonitorClient",
+    "RankMonitorServer",
+    "SectionTimeouts",
+    "StateDictError",
+    "WorkloadAction",
+    "WorkloadControlRequest",
     "add_ft_arguments",
+    "calculate_heartbeat_timeouts",
+    "calculate_section_timeouts",
     "config_from_args",
+    "create_socket_dir",
+    "merge_loaded_timeouts",
+    "socket_path_for",
+    "timeouts_from_state_dict",
+    "timeouts_to_state_dict",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Imported on demand: `python -m resiliency.ft.server` must not find the module pre-imported.
+    if name == "RankMonitorServer":
+        from resiliency.ft.server import RankMonitorServer  # noqa: PLC0415
+
+        return RankMonitorServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

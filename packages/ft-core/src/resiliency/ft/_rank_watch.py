@@ -1,0 +1,185 @@
+"""The timers of one worker process, and what the monitor has observed across workers.
+
+Pure bookkeeping over ``time.monotonic()`` timestamps: the server feeds events in and asks which
+timer, if any, has expired. Every open section is checked on its own, so an expired outer section
+is never hidden by a fresh inner one; the most overdue expired timer is the one reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from resiliency.ft.timeouts import HeartbeatTimeouts, ObservedIntervals, SectionTimeouts
+
+
+@dataclass(frozen=True)
+class ExpiredTimer:
+    """A timer that ran out.
+
+    Attributes:
+        timer: ``"initial"``, ``"heartbeat"``, ``"section:<name>"`` or ``"out_of_section"``.
+        elapsed: Seconds since the timer started.
+        limit: The timeout, in seconds.
+    """
+
+    timer: str
+    elapsed: float
+    limit: float
+
+    @property
+    def overdue(self) -> float:
+        """Seconds past the limit."""
+        return self.elapsed - self.limit
+
+    def describe(self) -> str:
+        """Say in words which timer expired and by how much."""
+        times = f"{self.elapsed:.1f} s, limit {self.limit:.1f} s ({self.overdue:.1f} s over)"
+        if self.timer == "initial":
+            return f"no first heartbeat or section since the worker was started: {times}"
+        if self.timer == "heartbeat":
+            return f"no heartbeat for {times}"
+        if self.timer == "out_of_section":
+            return f"no section open for {times}"
+        return f"section '{self.timer.removeprefix('section:')}' open for {times}"
+
+
+@dataclass
+class Observations:
+    """The longest intervals seen so far in this job (kept across worker restarts)."""
+
+    initial: float | None = None
+    heartbeat: float | None = None
+    sections: dict[str, float] = field(default_factory=dict)
+    out_of_section: float | None = None
+
+    def snapshot(self) -> ObservedIntervals:
+        """Return an immutable copy."""
+        return ObservedIntervals(
+            self.initial, self.heartbeat, dict(self.sections), self.out_of_section
+        )
+
+
+def _longer(current: float | None, value: float) -> float:
+    return value if current is None or value > current else current
+
+
+class RankWatch:
+    """Timers of one worker, from the moment the monitor learns its pid.
+
+    Args:
+        pid: The worker's pid.
+        rank: Its global rank, if known.
+        armed_at: When the initial timer starts (the worker's spawn, as the monitor learned it).
+        observations: Where observed intervals are accumulated.
+    """
+
+    def __init__(
+        self, pid: int | None, rank: int | None, armed_at: float, observations: Observations
+    ) -> None:
+        self.pid = pid
+        self.rank = rank
+        self.armed_at = armed_at
+        self._obs = observations
+        self.progressed = False
+        self.last_heartbeat: float | None = None
+        # Insertion order is opening order; values are start times.
+        self.open_sections: dict[str, float] = {}
+        self.used_sections = False
+        self.last_section_end: float | None = None
+
+    def _progress(self, ts: float) -> None:
+        if not self.progressed:
+            self.progressed = True
+            self._obs.initial = _longer(self._obs.initial, max(0.0, ts - self.armed_at))
+
+    def on_heartbeat(self, ts: float) -> None:
+        """Record a heartbeat sent at ``ts``."""
+        self._progress(ts)
+        if self.last_heartbeat is not None:
+            self._obs.heartbeat = _longer(self._obs.heartbeat, max(0.0, ts - self.last_heartbeat))
+        self.last_heartbeat = ts if self.last_heartbeat is None else max(ts, self.last_heartbeat)
+
+    def on_section_start(self, name: str, ts: float) -> bool:
+        """Record that section ``name`` opened at ``ts``.
+
+        Returns:
+            False when it was already open (its original start time is kept).
+        """
+        self._progress(ts)
+        if name in self.open_sections:
+            return False
+        if not self.open_sections and self.last_section_end is not None:
+            gap = max(0.0, ts - self.last_section_end)
+            self._obs.out_of_section = _longer(self._obs.out_of_section, gap)
+        self.open_sections[name] = ts
+        self.used_sections = True
+        return True
+
+    def on_section_end(self, name: str, ts: float) -> bool:
+        """Record that section ``name`` closed at ``ts``.
+
+        Returns:
+            False when it was not open.
+        """
+        start = self.open_sections.pop(name, None)
+        if start is None:
+            return False
+        duration = max(0.0, ts - start)
+        self._obs.sections[name] = _longer(self._obs.sections.get(name), duration)
+        if not self.open_sections:
+            self.last_section_end = ts
+        return True
+
+    def on_end_all(self, ts: float) -> None:
+        """Record that every open section closed at ``ts``."""
+        for name in list(self.open_sections):
+            self.on_section_end(name, ts)
+
+    def _armed(
+        self, hb: HeartbeatTimeouts, sections: SectionTimeouts
+    ) -> list[tuple[str, float, float]]:
+        """Every running timer as (name, start time, limit)."""
+        timers = []
+        if not self.progressed:
+            if hb.initial is not None:
+                timers.append(("initial", self.armed_at, hb.initial))
+            return timers
+        if self.last_heartbeat is not None and hb.subsequent is not None:
+            timers.append(("heartbeat", self.last_heartbeat, hb.subsequent))
+        for name, start in self.open_sections.items():
+            limit = sections.limit_for(name)
+            if limit is not None:
+                timers.append((f"section:{name}", start, limit))
+        if (
+            self.used_sections
+            and not self.open_sections
+            and self.last_section_end is not None
+            and sections.out_of_section is not None
+        ):
+            timers.append(("out_of_section", self.last_section_end, sections.out_of_section))
+        return timers
+
+    def expired(
+        self, now: float, hb: HeartbeatTimeouts, sections: SectionTimeouts
+    ) -> ExpiredTimer | None:
+        """Return the most overdue expired timer, or None when every timer is within its limit.
+
+        Args:
+            now: The current ``time.monotonic()``.
+            hb: The heartbeat timeouts in effect.
+            sections: The section timeouts in effect.
+
+        Returns:
+            The expired timer that is furthest past its limit.
+        """
+        worst: ExpiredTimer | None = None
+        for name, start, limit in self._armed(hb, sections):
+            elapsed = now - start
+            if elapsed > limit and (worst is None or elapsed - limit > worst.overdue):
+                worst = ExpiredTimer(name, elapsed, limit)
+        return worst
+
+    def next_deadline(self, hb: HeartbeatTimeouts, sections: SectionTimeouts) -> float | None:
+        """Return the earliest time at which a running timer expires, or None if none runs."""
+        deadlines = [start + limit for _, start, limit in self._armed(hb, sections)]
+        return min(deadlines) if deadlines else None

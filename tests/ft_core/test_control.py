@@ -1,0 +1,129 @@
+"""MonitorProcess and the monitor's life cycle: start, events, shutdown, orphan protection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from resiliency.ft._proc import pid_alive
+from resiliency.ft.config import FaultToleranceConfig
+from resiliency.ft.control import MonitorProcess
+from resiliency.ft.errors import MonitorUnavailableError
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_workload_control_request_reaches_the_controller(start_monitor, spawn_rank):
+    monitor = start_monitor()
+    rank = spawn_rank(
+        """
+        from resiliency.ft import WorkloadAction, WorkloadControlRequest
+        client.send_workload_control_request(
+            WorkloadControlRequest(WorkloadAction.ExcludeThisNode, "GPU 3 has ECC errors")
+        )
+        client.shutdown_workload_monitoring()
+        """,
+        monitor,
+        rank=5,
+    )
+    event = monitor.wait_event("wlc", pid=rank.pid)
+    assert event.action == "ExcludeThisNode"
+    assert event.desc == "GPU 3 has ECC errors"
+    assert event.rank == 5
+    assert event.local_rank == 0
+    assert rank.wait() == 0, rank.output()
+    assert "requests ExcludeThisNode: GPU 3 has ECC errors" in monitor.log()
+
+
+def test_monitor_exits_when_its_controller_dies(sock_dir, tmp_path):
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from resiliency.ft import FaultToleranceConfig, MonitorProcess
+            mon = MonitorProcess.start(FaultToleranceConfig(), {str(sock_dir / "rank-0.sock")!r}, 0)
+            print(mon.pid, flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE)
+    monitor_pid = None
+    try:
+        assert proc.stdout is not None
+        monitor_pid = int(proc.stdout.readline())
+        assert pid_alive(monitor_pid)
+        proc.kill()  # the launcher dies without a word
+        proc.wait(5)
+        assert _wait_gone(monitor_pid, 10), "the monitor outlived its controller"
+        assert not (sock_dir / "rank-0.sock").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if monitor_pid is not None and pid_alive(monitor_pid):
+            os.kill(monitor_pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_monitor_and_removes_its_socket(start_monitor):
+    monitor = start_monitor()
+    path = monitor.socket_path
+    assert path.exists()
+    os.kill(monitor.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while monitor.proc.is_alive():
+        assert time.monotonic() < deadline, "the monitor ignored SIGTERM"
+        time.sleep(0.02)
+    assert monitor.proc.stop() == 0
+    assert not path.exists()
+    assert "exiting: received SIGTERM" in monitor.log()
+    with pytest.raises(MonitorUnavailableError):
+        monitor.proc.worker_started(os.getpid())
+
+
+def test_stop_is_clean_and_idempotent(start_monitor):
+    monitor = start_monitor()
+    assert monitor.proc.stop() == 0
+    assert monitor.proc.stop() == 0
+    assert not monitor.socket_path.exists()
+    assert "exiting: the controller asked for shutdown" in monitor.log()
+
+
+def test_start_reports_a_monitor_that_cannot_start(start_monitor, sock_dir, tmp_path):
+    start_monitor()  # already listening on rank-0.sock
+    log_path = tmp_path / "second.log"
+    with open(log_path, "wb") as log, pytest.raises(MonitorUnavailableError) as err:
+        MonitorProcess.start(FaultToleranceConfig(), sock_dir / "rank-0.sock", 0, stderr=log)
+    assert "exited with code 2" in str(err.value)
+    assert "another rank monitor already listens" in log_path.read_text()
+
+
+def test_second_controller_is_refused(start_monitor):
+    monitor = start_monitor()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as raw:
+        raw.settimeout(5)
+        raw.connect(str(monitor.socket_path))
+        hello = {"t": "hello", "v": 1, "role": "controller", "pid": os.getpid()}
+        raw.send(json.dumps(hello).encode())
+        reply = json.loads(raw.recv(70000))
+    assert reply["t"] == "error"
+    assert "another controller" in reply["msg"]
+    assert monitor.proc.is_alive()
