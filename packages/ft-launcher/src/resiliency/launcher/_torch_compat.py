@@ -1,0 +1,195 @@
+"""The ONE place that touches private details of torch.distributed.elastic.
+
+Everything else in the launcher uses torch's public API plus the documented agent hooks
+(``_start_workers``, ``_stop_workers``, ``_monitor_workers``, ``_shutdown``, ``_rendezvous``).
+The private pieces this module wraps, each verified against the torch versions listed below:
+
+* ``LocalElasticAgent._set_local_rank_env(worker_env, local_rank, spec)``: the per-worker
+  environment hook; used to hand each worker its own monitor socket path.
+* ``SimpleElasticAgent._invoke_run(role)``: the supervision loop; replaced by the launcher's own
+  loop so restart policies, monitor events and workload control can decide.
+* ``SimpleElasticAgent._exit_barrier()``: replaced so nodes that left the group under the
+  min-healthy policy are not waited for.
+* ``SimpleElasticAgent._rendezvous(worker_group)``: wrapped to run node health checks before
+  every (re)join and to pick up the new round's store after it.
+* ``SimpleElasticAgent._initialize_workers`` / ``_restart_workers``: called by the launcher's loop
+  (rendezvous + start; stop + rendezvous + start).
+* ``SimpleElasticAgent._remaining_restarts`` and ``LocalElasticAgent._pcontext``: the restart
+  budget and the worker process handles (exit codes after a shutdown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import subprocess
+from typing import Any
+
+import torch
+from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from resiliency.launcher.errors import TorchVersionError
+
+__all__ = ["MIN_TORCH", "TESTED_TORCH", "CompatAgent", "check_torch_version", "make_worker_spec"]
+
+logger = logging.getLogger(__name__)
+
+MIN_TORCH = (2, 4)
+TESTED_TORCH = ((2, 13),)
+
+
+def _torch_version() -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if match is None:  # pragma: no cover - torch always has a numeric version
+        raise TorchVersionError(f"cannot read the torch version from {torch.__version__!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_torch_version() -> tuple[int, int]:
+    """Verify that the installed torch has the extension points the launcher relies on.
+
+    Returns:
+        The (major, minor) torch version.
+
+    Raises:
+        TorchVersionError: torch is too old or lacks a required agent hook.
+    """
+    version = _torch_version()
+    if version < MIN_TORCH:
+        raise TorchVersionError(
+            f"ft-launcher needs torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}; found {torch.__version__}"
+        )
+    missing = [
+        name
+        for name in (
+            "_set_local_rank_env",
+            "_invoke_run",
+            "_exit_barrier",
+            "_rendezvous",
+            "_initialize_workers",
+            "_restart_workers",
+        )
+        if not hasattr(LocalElasticAgent, name)
+    ]
+    if missing:
+        raise TorchVersionError(
+            f"torch {torch.__version__} lacks the elastic-agent hooks {missing} that ft-launcher "
+            f"extends; install a torch version ft-launcher was tested with "
+            f"({', '.join(f'{a}.{b}' for a, b in TESTED_TORCH)})"
+        )
+    if version not in TESTED_TORCH:
+        logger.warning(
+            "ft-launcher was tested with torch %s; running on %s",
+            ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH),
+            torch.__version__,
+        )
+    return version
+
+
+def make_worker_spec(**fields: Any) -> WorkerSpec:
+    """Build a ``WorkerSpec`` from the fields this torch version knows.
+
+    Newer torch versions added fields (numa_options, duplicate_*_filters, virtual_local_rank);
+    a field this version lacks is dropped, with a warning when it was set to a non-default value.
+
+    Args:
+        **fields: WorkerSpec fields.
+
+    Returns:
+        The spec.
+    """
+    known = {f.name for f in dataclasses.fields(WorkerSpec)}
+    for name in sorted(set(fields) - known):
+        if fields[name] not in (None, False, [], ()):
+            logger.warning(
+                "torch %s ignores the option %s=%r", torch.__version__, name, fields[name]
+            )
+    return WorkerSpec(**{k: v for k, v in fields.items() if k in known})
+
+
+class CompatAgent(LocalElasticAgent):
+    """``LocalElasticAgent`` with its private details turned into overridable methods.
+
+    Subclasses implement :meth:`extra_worker_env`, :meth:`supervise` and
+    :meth:`exit_barrier`, and read :attr:`remaining_restarts` / :meth:`worker_returncodes`.
+    """
+
+    # --- hooks for subclasses -------------------------------------------------------------
+    def extra_worker_env(self, local_rank: int) -> dict[str, str]:
+        """Return extra environment variables for the worker of ``local_rank``."""
+        return {}
+
+    def supervise(self, role: str) -> Any:
+        """Run the supervision loop; returns a torch ``RunResult``."""
+        return super()._invoke_run(role)
+
+    def exit_barrier(self) -> None:
+        """Wait for the other nodes once the local workers have finished."""
+        super()._exit_barrier()
+
+    def before_rendezvous(self) -> None:
+        """Called before every (re)join of the rendezvous; raise to keep this node out."""
+
+    def after_rendezvous(self, worker_group: WorkerGroup) -> None:
+        """Called after every rendezvous round, once ranks and store are assigned."""
+
+    def initialize_workers(self) -> None:
+        """Rendezvous, then start the workers (torch's sequence, with this class's hooks)."""
+        self._initialize_workers(self._worker_group)
+
+    def restart_workers(self) -> None:
+        """Stop the workers, rendezvous again, start them again."""
+        self._restart_workers(self._worker_group)
+
+    # --- private torch details --------------------------------------------------------------
+    def _set_local_rank_env(
+        self, worker_env: dict[str, str | None], local_rank: int, spec: WorkerSpec
+    ) -> None:
+        super()._set_local_rank_env(worker_env, local_rank, spec)
+        worker_env.update(self.extra_worker_env(local_rank))
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self.before_rendezvous()
+        super()._rendezvous(worker_group)
+        self.after_rendezvous(worker_group)
+
+    def _invoke_run(self, role: str = "default") -> Any:
+        return self.supervise(role)
+
+    def _exit_barrier(self) -> None:
+        self.exit_barrier()
+
+    @property
+    def remaining_restarts(self) -> int:
+        """Restarts this agent may still spend."""
+        return int(self._remaining_restarts)
+
+    @remaining_restarts.setter
+    def remaining_restarts(self, value: int) -> None:
+        self._remaining_restarts = value
+
+    @property
+    def worker_group(self) -> WorkerGroup:
+        """The agent's (single) worker group."""
+        return self.get_worker_group()
+
+    def worker_returncodes(self) -> dict[int, int | None]:
+        """Return local rank -> exit code (None while running) of the current workers."""
+        pcontext = self._pcontext
+        if pcontext is None:
+            return {}
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        if handlers:
+            codes: dict[int, int | None] = {}
+            for local_rank, handler in handlers.items():
+                proc: subprocess.Popen[Any] = handler.proc
+                codes[local_rank] = proc.poll()
+            return codes
+        # multiprocessing-based context (--run-path): exit codes via its process objects
+        mp_context = getattr(pcontext, "_pc", None)
+        processes = getattr(mp_context, "processes", None) if mp_context else None
+        if processes:
+            return {i: p.exitcode for i, p in enumerate(processes)}
+        return {}

@@ -1,0 +1,619 @@
+"""FtElasticAgent: torch's local elastic agent plus rank monitors, restart policies and workload
+control.
+
+Torch does the rendezvous, the rank assignment and the worker processes; this agent adds, per
+local rank, a rank monitor told about every new worker, and replaces torch's supervision loop with
+one that also acts on monitor events (hangs, workload-control requests, dead monitors), asks a
+restart policy what to do, and shares failures and shutdown requests with the other nodes through
+the round's store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from torch.distributed import Store
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from resiliency.ft import FaultToleranceConfig, MonitorEvent, WorkloadAction
+from resiliency.launcher._torch_compat import CompatAgent
+from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.health import HealthCheck, run_health_checks
+from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
+from resiliency.launcher.options import FINISHED_FLAG_ENV
+from resiliency.launcher.policy import Decision, GroupObservation, LocalState, RestartPolicy
+from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher.verdict import analyze_hang
+
+__all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
+
+logger = logging.getLogger(__name__)
+
+_ACK_WAIT_SECONDS = 5.0
+_PEER_DUMP_WAIT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the job ended on this node.
+
+    Attributes:
+        exit_code: the launcher's exit code (see :mod:`resiliency.launcher.exit_codes`).
+        reason: a short machine-friendly reason (``succeeded``, ``restarts_exhausted``, ...).
+        detail: one human-readable line (the root cause when it failed).
+    """
+
+    exit_code: int
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent's fault-tolerance settings.
+
+    Attributes:
+        ft_cfg: the monitors' configuration.
+        policy: the restart policy.
+        min_nodes: MIN of ``--nnodes MIN:MAX``.
+        workers_stop_timeout: SIGTERM -> SIGKILL delay when stopping workers for a restart.
+        health_checks: run before every (re)join of the rendezvous.
+        finished_flag_file: passed to the workers as FAULT_TOL_FINISHED_FLAG_FILE.
+    """
+
+    ft_cfg: FaultToleranceConfig
+    policy: RestartPolicy
+    min_nodes: int
+    workers_stop_timeout: float
+    health_checks: tuple[HealthCheck, ...] = ()
+    finished_flag_file: str | None = None
+
+
+class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
+    """Raised inside the loop when this node must leave the job."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.detail)
+        self.outcome = outcome
+
+
+@dataclass
+class _Cycle:
+    """What happened since the workers were last (re)started."""
+
+    pids: dict[int, int] = field(default_factory=dict)
+    ranks: dict[int, int] = field(default_factory=dict)
+    hangs: dict[int, MonitorEvent] = field(default_factory=dict)
+    causes: list[str] = field(default_factory=list)
+    connected: set[int] = field(default_factory=set)
+    dump_requested: dict[int, float] = field(default_factory=dict)
+    peer_dumps: dict[int, str | None] = field(default_factory=dict)
+    dumps_collected: bool = False
+    shutdown: MonitorEvent | None = None
+    exclude: MonitorEvent | None = None
+
+
+class FtElasticAgent(CompatAgent):
+    """A ``LocalElasticAgent`` that restarts hung and failed workers in place.
+
+    Args:
+        spec: torch's worker spec (its rendezvous handler should be a
+            :class:`~resiliency.launcher.rendezvous.FreshStoreRendezvousHandler`).
+        logs_specs: torch's log destinations.
+        monitors: this node's rank monitors.
+        settings: fault-tolerance settings.
+        **agent_kwargs: passed to ``LocalElasticAgent`` (start_method, shutdown_timeout, ...).
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        logs_specs: Any,
+        *,
+        monitors: MonitorSet,
+        settings: AgentSettings,
+        **agent_kwargs: Any,
+    ) -> None:
+        super().__init__(spec, logs_specs, **agent_kwargs)
+        self._monitors = monitors
+        self._settings = settings
+        self._cycle = _Cycle()
+        self._shared: SharedRoundState | None = None
+        self._published_failure = False
+        self._worker_pgids: set[int] = set()
+        self.outcome: Outcome | None = None
+        self.restarts_done = 0
+        self.hangs_detected = 0
+        self.verdicts: list[str] = []
+        self.attempt_causes: list[str] = []
+
+    # --- worker environment and lifecycle hooks ------------------------------------------------
+    def extra_worker_env(self, local_rank: int) -> dict[str, str]:
+        """Hand each worker its monitor's socket and the finished-flag path."""
+        env = {MONITOR_SOCKET_ENV: self._monitors.socket_path(local_rank)}
+        if self._settings.finished_flag_file:
+            env[FINISHED_FLAG_ENV] = self._settings.finished_flag_file
+        return env
+
+    def before_rendezvous(self) -> None:
+        """Run the node health checks; an unhealthy node does not (re)join."""
+        results = run_health_checks(self._settings.health_checks)
+        failed = [r for r in results if not r.healthy]
+        if failed:
+            detail = "; ".join(f"{r.name}: {r.detail}" for r in failed)
+            detail = f"node health check failed: {detail}"
+            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", detail))
+
+    def after_rendezvous(self, worker_group: WorkerGroup) -> None:
+        """Bind the shared round state to the new round's store."""
+        # torch leaves WorkerGroup.store untyped (None until the first rendezvous).
+        self._shared = SharedRoundState(cast(Store, worker_group.store))
+        self._published_failure = False
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self._monitors.start_all()
+        pids: dict[int, Any] = super()._start_workers(worker_group)
+        restart = worker_group.spec.max_restarts - self.remaining_restarts
+        self._cycle = _Cycle()
+        for local_rank, pid in pids.items():
+            rank = worker_group.workers[local_rank].global_rank
+            self._worker_pgids.add(int(pid))
+            self._cycle.pids[local_rank] = int(pid)
+            self._cycle.ranks[local_rank] = rank
+            self._monitors.worker_started(local_rank, int(pid), rank=rank, restart=restart)
+        logger.info(
+            "workers started (attempt %d): %s",
+            restart,
+            ", ".join(f"rank {self._cycle.ranks[lr]} pid {p}" for lr, p in sorted(pids.items())),
+        )
+        return pids
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(timeout=self._settings.workers_stop_timeout)  # type: ignore[arg-type]
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        self._monitors.workers_stopped()
+        super()._shutdown(death_sig, timeout)
+        self._kill_leftover_process_groups()
+
+    def _kill_leftover_process_groups(self) -> None:
+        # Each worker leads its own process group (torch starts it in a new session); children
+        # such as data-loader workers stay in it, and may outlive a worker killed by its monitor.
+        for pgid in sorted(self._worker_pgids):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            except PermissionError as exc:
+                logger.warning("cannot kill leftover process group %d: %s", pgid, exc)
+                continue
+            logger.warning("killed leftover processes of worker process group %d", pgid)
+        self._worker_pgids.clear()
+
+    # --- monitoring ---------------------------------------------------------------------------
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # Events first: on a hang, the other ranks must dump their stacks before torch notices
+        # the killed rank and stops them.
+        self._handle_events(self._monitors.poll_events())
+        if self._cycle.dump_requested and not self._cycle.dumps_collected:
+            self._collect_peer_dumps()
+        result: RunResult = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.FAILED:
+            self._note_worker_failures(result)
+        for local_rank in self._monitors.dead_monitors():
+            cause = (
+                f"rank monitor of local rank {local_rank} (rank "
+                f"{self._cycle.ranks.get(local_rank)}) died; its worker is no longer watched"
+            )
+            logger.error("%s: starting a new monitor and failing the worker group", cause)
+            self._cycle.causes.append(cause)
+            self._monitors.replace(local_rank)
+            result = RunResult(state=WorkerState.FAILED, failures=result.failures)
+        if self._cycle.hangs and result.state == WorkerState.HEALTHY:
+            failures = {
+                ev.rank if ev.rank is not None else lr: ProcessFailure(
+                    local_rank=lr,
+                    pid=ev.pid or 0,
+                    exitcode=-int(self._settings.ft_cfg.rank_termination_signal),
+                    error_file="",
+                )
+                for lr, ev in self._cycle.hangs.items()
+            }
+            result = RunResult(state=WorkerState.FAILED, failures=failures)
+        return result
+
+    def _note_worker_failures(self, result: RunResult) -> None:
+        # The monitor reports a hang before it signals the rank, so a rank it killed already has
+        # its hang event queued: drain them before blaming a signal.
+        self._handle_events(self._monitors.poll_events())
+        stop_signals = (-signal.SIGTERM, -signal.SIGKILL)
+        # Root cause first: torch stops the surviving ranks with SIGTERM once one rank fails.
+        ordered = sorted(
+            result.failures.items(), key=lambda item: (item[1].exitcode in stop_signals, item[0])
+        )
+        for global_rank, failure in ordered:
+            local_rank = failure.local_rank
+            if local_rank in self._cycle.hangs:
+                continue
+            if failure.exitcode < 0:
+                how = f"was killed by signal {_signal_name(-failure.exitcode)}"
+            else:
+                how = f"exited with code {failure.exitcode}"
+            message = ""
+            if failure.error_file and os.path.isfile(failure.error_file):
+                message = f": {failure.message}"
+            who = f"rank {global_rank} (local rank {local_rank}, pid {failure.pid})"
+            cause = f"{who} {how}{message}"
+            if cause not in self._cycle.causes:
+                stopped = failure.exitcode in stop_signals and self._cycle.causes
+                logger.log(logging.WARNING if stopped else logging.ERROR, "%s", cause)
+                self._cycle.causes.append(cause)
+
+    def _handle_events(self, events: list[MonitorEvent]) -> None:
+        for event in events:
+            local_rank = event.local_rank
+            if local_rank is None:
+                logger.warning("monitor event without a local rank ignored: %s", event.raw)
+            elif event.kind == "hang":
+                self._on_hang(local_rank, event)
+            elif event.kind == "wlc":
+                self._on_workload_control(event)
+            elif event.kind == "rank_connected":
+                self._cycle.connected.add(local_rank)
+            elif event.kind == "rank_disconnected":
+                self._cycle.connected.discard(local_rank)
+            else:
+                logger.debug("monitor event: %s", event)
+
+    def _on_hang(self, local_rank: int, event: MonitorEvent) -> None:
+        if local_rank in self._cycle.hangs:
+            return
+        if self._cycle.pids.get(local_rank) not in (None, event.pid):
+            logger.info("ignoring a hang report about an earlier worker (pid %s)", event.pid)
+            return
+        elapsed = f"{event.elapsed:.1f} s" if event.elapsed is not None else "?"
+        limit = f"{event.limit:.1f} s" if event.limit is not None else "?"
+        cause = (
+            f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) hung: "
+            f"{event.timer} timer expired after {elapsed} (limit {limit})"
+        )
+        logger.error("%s; its monitor terminated it", cause)
+        self.hangs_detected += 1
+        first = not self._cycle.hangs
+        self._cycle.hangs[local_rank] = event
+        self._cycle.causes.append(cause)
+        if first and self._settings.ft_cfg.enable_stack_dump:
+            self._request_peer_dumps(exclude=local_rank)
+
+    def _request_peer_dumps(self, exclude: int) -> None:
+        # The other local ranks are about to be stopped; ask the ones whose client registered the
+        # dump handler for their stacks first, so the verdict can compare all of them.
+        sig = self._settings.ft_cfg.stack_dump_signal
+        for local_rank, pid in self._cycle.pids.items():
+            if local_rank == exclude or local_rank not in self._cycle.connected:
+                continue
+            path = self._monitors.stack_dump_path(local_rank)
+            try:
+                path.write_text("")
+                os.kill(pid, sig)
+            except (ProcessLookupError, OSError) as exc:
+                logger.debug("no stack dump from local rank %d: %s", local_rank, exc)
+                continue
+            self._cycle.dump_requested[local_rank] = time.monotonic()
+
+    def _collect_peer_dumps(self) -> None:
+        self._cycle.dumps_collected = True
+        deadline = time.monotonic() + _PEER_DUMP_WAIT_SECONDS
+        for local_rank in self._cycle.dump_requested:
+            path = self._monitors.stack_dump_path(local_rank)
+            self._cycle.peer_dumps[local_rank] = _read_stable(path, deadline)
+
+    def _collect_verdict(self) -> None:
+        if not self._cycle.hangs:
+            return
+        if self._cycle.dump_requested and not self._cycle.dumps_collected:
+            self._collect_peer_dumps()
+        dumps: dict[int, str | None] = {}
+        for local_rank, text in self._cycle.peer_dumps.items():
+            dumps[self._cycle.ranks.get(local_rank, local_rank)] = text
+        for local_rank, event in self._cycle.hangs.items():
+            dumps[self._cycle.ranks.get(local_rank, local_rank)] = event.stack_dump
+        verdict = analyze_hang(dumps)
+        self.verdicts.append(verdict.summary)
+        logger.error("%s", verdict.summary)
+
+    def _on_workload_control(self, event: MonitorEvent) -> None:
+        try:
+            action = WorkloadAction(event.action)
+        except ValueError:
+            logger.error("rank %s sent an unknown workload action %r", event.rank, event.action)
+            return
+        logger.warning(
+            "rank %s requested %s: %s", event.rank, action.value, event.desc or "(no reason given)"
+        )
+        if action is WorkloadAction.ShutdownWorkload:
+            self._cycle.shutdown = event
+        else:
+            self._cycle.exclude = event
+
+    # --- the supervision loop -----------------------------------------------------------------
+    def supervise(self, role: str) -> RunResult:
+        """Start the workers and supervise them until the job ends on this node.
+
+        Returns:
+            torch's ``RunResult`` of the last attempt; :attr:`outcome` tells how the job ended.
+        """
+        try:
+            return self._supervise()
+        except _NodeLeaves as leave:
+            self.outcome = leave.outcome
+            logger.error("this node leaves the job: %s", leave.outcome.detail)
+            self._stop_workers(self._worker_group)
+            return _stopped()
+
+    def _supervise(self) -> RunResult:
+        group = self._worker_group
+        spec = group.spec
+        self.initialize_workers()
+        while True:
+            time.sleep(spec.monitor_interval)
+            result = self._monitor_workers(group)
+            group.state = result.state
+            shared = self._shared.snapshot() if self._shared is not None else None
+
+            if self._cycle.shutdown is not None:
+                return self._shutdown_workload(result)
+            if shared is not None and shared.shutdown is not None:
+                return self._follow_shutdown(result, shared.shutdown)
+            if self._cycle.exclude is not None:
+                return self._exclude_this_node(result)
+
+            local = {
+                WorkerState.SUCCEEDED: LocalState.SUCCEEDED,
+                WorkerState.HEALTHY: LocalState.HEALTHY,
+            }.get(result.state, LocalState.FAILED)
+            obs = GroupObservation(
+                local=local,
+                nodes_in_group=group.group_world_size or 1,
+                failed_nodes=_failed_elsewhere(shared, self._published_failure),
+                nodes_waiting=spec.rdzv_handler.num_nodes_waiting(),
+                min_nodes=self._settings.min_nodes,
+                remaining_restarts=self.remaining_restarts,
+            )
+            decision = self._settings.policy.decide(obs)
+            if decision is Decision.CONTINUE:
+                continue
+            if decision is Decision.FINISH:
+                self.exit_barrier()
+                self.outcome = Outcome(ExitCode.SUCCESS, "succeeded", "all workers exited 0")
+                return result
+            self._end_cycle(local)
+            if decision is Decision.RESTART:
+                self.remaining_restarts -= 1
+                self.restarts_done += 1
+                logger.warning(
+                    "restarting the worker group (%s); %d of %d restarts left",
+                    self._cycle_summary(),
+                    self.remaining_restarts,
+                    spec.max_restarts,
+                )
+                self.restart_workers()
+            elif decision is Decision.REFORM:
+                logger.warning(
+                    "re-forming the worker group: %s",
+                    f"{obs.failed_nodes} node(s) failed" if obs.failed_nodes else "nodes joined",
+                )
+                self.restart_workers()
+            elif decision is Decision.STANDBY:
+                standby_result = self._standby(result)
+                if standby_result is not None:
+                    return standby_result
+            else:  # GIVE_UP
+                self._stop_workers(group)
+                group.state = WorkerState.FAILED
+                root = self.attempt_causes[0] if self.attempt_causes else "unknown"
+                last = self.attempt_causes[-1] if self.attempt_causes else "unknown"
+                self.outcome = Outcome(
+                    ExitCode.FAILURE,
+                    "restarts_exhausted",
+                    f"root cause: {root}; no restarts left ({spec.max_restarts} allowed)"
+                    + (f"; last failure: {last}" if last != root else ""),
+                )
+                return result
+
+    def _cycle_summary(self) -> str:
+        return self._cycle.causes[0] if self._cycle.causes else "another node failed"
+
+    def _end_cycle(self, local: LocalState) -> None:
+        """Close the books on this attempt: verdict, root cause, tell the other nodes."""
+        self._collect_verdict()
+        if local is LocalState.FAILED:
+            self.attempt_causes.append(self._cycle_summary())
+            if self._shared is not None and not self._published_failure:
+                self._published_failure = True
+                self._shared.publish_failed()
+
+    # --- min-healthy standby --------------------------------------------------------------------
+    def _standby(self, result: RunResult) -> RunResult | None:
+        group = self._worker_group
+        spec = group.spec
+        self._stop_workers(group)
+        if self._shared is None:
+            raise RuntimeError("standby without a rendezvous round")
+        self._shared.publish_standby()
+        logger.warning(
+            "min-healthy: this node's workers failed (%s); standing by while the other nodes "
+            "keep at least %d healthy",
+            self.attempt_causes[-1] if self.attempt_causes else "unknown",
+            self._settings.min_nodes,
+        )
+        while True:
+            time.sleep(spec.monitor_interval)
+            state = self._shared.snapshot()
+            if state.shutdown is not None:
+                return self._follow_shutdown(result, state.shutdown)
+            if state.done:
+                self._shared.ack_done()
+                self.outcome = Outcome(
+                    ExitCode.SUCCESS,
+                    "finished_on_healthy_nodes",
+                    "this node's workers failed; the job finished on the healthy nodes",
+                )
+                logger.warning("%s", self.outcome.detail)
+                return _stopped()
+            healthy = (group.group_world_size or 1) - state.standby - state.left
+            if healthy < self._settings.min_nodes:
+                if self.remaining_restarts <= 0:
+                    self.outcome = Outcome(
+                        ExitCode.FAILURE,
+                        "restarts_exhausted",
+                        f"root cause: {self.attempt_causes[0]}; no restarts left",
+                    )
+                    return result
+                self.remaining_restarts -= 1
+                self.restarts_done += 1
+                logger.warning(
+                    "min-healthy: only %d healthy node(s) left (< %d); rejoining the group",
+                    healthy,
+                    self._settings.min_nodes,
+                )
+                self.initialize_workers()
+                return None
+
+    # --- exit barrier ---------------------------------------------------------------------------
+    def exit_barrier(self) -> None:
+        """Wait until every node of the round finished or stepped aside, then release standbys."""
+        group = self._worker_group
+        shared = self._shared
+        if shared is None:
+            return
+        world = group.group_world_size or 1
+        shared.arrive_at_exit()
+        deadline = time.monotonic() + self._exit_barrier_timeout
+        start = time.monotonic()
+        while True:
+            state = shared.snapshot()
+            if shared.arrived() + state.standby + state.left >= world:
+                break
+            if time.monotonic() > deadline:
+                logger.error(
+                    "exit barrier: waited %.0f s for the other nodes to finish; giving up waiting",
+                    self._exit_barrier_timeout,
+                )
+                return
+            time.sleep(0.05)
+        waited = time.monotonic() - start
+        logger.info("exit barrier: all %d node(s) done after %.2f s", world, waited)
+        state = shared.snapshot()
+        if state.standby:
+            shared.publish_done()
+            _wait_until(lambda: shared.done_acks() >= state.standby, _ACK_WAIT_SECONDS)
+
+    # --- workload control -----------------------------------------------------------------------
+    def _shutdown_workload(self, result: RunResult) -> RunResult:
+        event = self._cycle.shutdown
+        assert event is not None
+        group = self._worker_group
+        reason = event.desc or "(no reason given)"
+        detail = f"rank {event.rank} requested ShutdownWorkload: {reason}"
+        logger.error("%s; stopping the job on every node, no restarts", detail)
+        if self._shared is not None:
+            self._shared.publish_shutdown(event.rank, event.desc or "")
+        self._stop_workers(group)
+        spec = group.spec
+        try:
+            spec.rdzv_handler.set_closed()
+        except RuntimeError as exc:
+            logger.warning("could not close the rendezvous: %s", exc)
+        others = (group.group_world_size or 1) - 1
+        if self._shared is not None and others > 0:
+            shared = self._shared
+            if not _wait_until(lambda: shared.shutdown_acks() >= others, _ACK_WAIT_SECONDS):
+                logger.warning(
+                    "not every node acknowledged the shutdown within %.0f s", _ACK_WAIT_SECONDS
+                )
+        self.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
+        return _stopped()
+
+    def _follow_shutdown(self, result: RunResult, request: dict[str, Any]) -> RunResult:
+        detail = (
+            f"rank {request.get('rank')} on another node requested ShutdownWorkload: "
+            f"{request.get('desc') or '(no reason given)'}"
+        )
+        logger.error("%s; stopping this node's workers, no restarts", detail)
+        self._stop_workers(self._worker_group)
+        if self._shared is not None:
+            self._shared.ack_shutdown()
+        self.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
+        return _stopped()
+
+    def _exclude_this_node(self, result: RunResult) -> RunResult:
+        event = self._cycle.exclude
+        assert event is not None
+        detail = f"rank {event.rank} requested ExcludeThisNode: {event.desc or '(no reason given)'}"
+        logger.error("%s; this node leaves the job, the others go on without it", detail)
+        if self._shared is not None:
+            self._shared.publish_left()
+        self._stop_workers(self._worker_group)
+        self.outcome = Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail)
+        return _stopped()
+
+    def leaves_rendezvous_open(self) -> bool:
+        """True when this node left on its own and must not close the rendezvous for the rest."""
+        return self.outcome is not None and self.outcome.reason in (
+            "node_excluded",
+            "node_unhealthy",
+            "finished_on_healthy_nodes",
+        )
+
+
+def _stopped() -> RunResult:
+    """The result for workers this agent stopped on purpose (torch records them TERMINATED)."""
+    return RunResult(state=WorkerState.FAILED)
+
+
+def _failed_elsewhere(shared: Any, self_published: bool) -> int:
+    if shared is None:
+        return 0
+    failed = int(shared.failed) + int(shared.left)
+    return max(0, failed - (1 if self_published else 0))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def _wait_until(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def _read_stable(path: Any, deadline: float) -> str | None:
+    """Read a dump file once it stops growing (faulthandler writes it in one go)."""
+    last = -1
+    while time.monotonic() < deadline:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size > 0 and size == last:
+            break
+        last = size
+        time.sleep(0.03)
+    try:
+        return str(path.read_text(errors="replace")) or None
+    except FileNotFoundError:
+        return None

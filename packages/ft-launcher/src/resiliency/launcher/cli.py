@@ -1,0 +1,47 @@
+"""The ``ft-launcher`` / ``ft_launcher`` console script."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from resiliency.ft import FaultToleranceError, config_from_args
+from resiliency.launcher._torch_compat import check_torch_version
+from resiliency.launcher.errors import LauncherError
+from resiliency.launcher.launch import build_health_checks, launch
+from resiliency.launcher.options import LauncherOptions, build_parser
+
+__all__ = ["main"]
+
+_LOG_FORMAT = "[ft-launcher] %(asctime)s %(levelname)s %(message)s"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, validate everything, run the job; return the exit code.
+
+    A bad flag, a bad config file or a failed setup stops the launcher with exit code 2 before
+    any monitor or worker starts.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit code (see :mod:`resiliency.launcher.exit_codes`).
+    """
+    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_torch_version()
+        ft_cfg = config_from_args(args)
+        options = LauncherOptions.from_args(args)
+        health_checks = build_health_checks(options)
+    except (FaultToleranceError, LauncherError) as exc:
+        parser.error(str(exc))
+    logging.getLogger("resiliency").setLevel(ft_cfg.log_level)
+    return launch(args, ft_cfg, options, health_checks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""One rank monitor per local rank, owned by the launcher for the whole job.
+
+Monitors start before the first workers, stay up across restarts (they keep the observed timings
+that calculated timeouts are built from), learn every new worker's pid, and are stopped, with
+their private socket directory removed, when the launcher exits. A monitor that dies is replaced
+at once and the worker group it watched is failed: the worker's client cannot reconnect, so
+letting it run on would leave it unmonitored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from resiliency.ft import (
+    FaultToleranceConfig,
+    FaultToleranceError,
+    MonitorEvent,
+    MonitorProcess,
+)
+
+__all__ = ["MONITOR_SOCKET_ENV", "MonitorSet"]
+
+logger = logging.getLogger(__name__)
+
+MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+class MonitorSet:
+    """The rank monitors of this node, one per local rank.
+
+    Args:
+        cfg: the configuration every monitor runs with.
+        local_world_size: number of local ranks.
+        base_dir: where the private (0700) socket directory is created; ``$TMPDIR`` if None.
+    """
+
+    def __init__(
+        self, cfg: FaultToleranceConfig, local_world_size: int, base_dir: str | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.local_world_size = local_world_size
+        # mkdtemp creates the directory with mode 0700 and an unpredictable name.
+        self.directory = Path(tempfile.mkdtemp(prefix="ftl-", dir=base_dir))
+        self._monitors: dict[int, MonitorProcess] = {}
+
+    def socket_path(self, local_rank: int) -> str:
+        """Return the monitor socket path of ``local_rank`` (what the worker gets in its env)."""
+        return str(self.directory / f"rank-{local_rank}.sock")
+
+    def stack_dump_path(self, local_rank: int) -> Path:
+        """Return the file the rank's client writes its stack dump to (ft-core's convention)."""
+        return self.directory / f"rank-{local_rank}-stacks.txt"
+
+    def _start_one(self, local_rank: int) -> MonitorProcess:
+        path = self.socket_path(local_rank)
+        if os.path.lexists(path):
+            os.unlink(path)  # left behind by a monitor that was killed
+        monitor = MonitorProcess.start(self.cfg, path, local_rank)
+        self._monitors[local_rank] = monitor
+        return monitor
+
+    def start_all(self) -> None:
+        """Start every monitor that is not running yet (idempotent)."""
+        for local_rank in range(self.local_world_size):
+            monitor = self._monitors.get(local_rank)
+            if monitor is None or not monitor.is_alive():
+                self._start_one(local_rank)
+
+    def worker_started(self, local_rank: int, pid: int, rank: int | None, restart: int) -> None:
+        """Tell the monitor of ``local_rank`` about its new worker (arms the initial timer)."""
+        try:
+            self._monitors[local_rank].worker_started(pid, rank=rank, restart=restart)
+        except FaultToleranceError as exc:
+            # Died between start_all() and now: a fresh monitor must watch this worker.
+            logger.error("monitor of local rank %d is gone (%s); restarting it", local_rank, exc)
+            self.replace(local_rank)
+            self._monitors[local_rank].worker_started(pid, rank=rank, restart=restart)
+
+    def workers_stopped(self) -> None:
+        """Tell every monitor that the launcher is stopping the workers on purpose."""
+        for local_rank, monitor in self._monitors.items():
+            if not monitor.is_alive():
+                continue
+            try:
+                monitor.worker_stopped()
+            except (FaultToleranceError, OSError) as exc:
+                logger.warning("cannot disarm monitor of local rank %d: %s", local_rank, exc)
+
+    def dead_monitors(self) -> list[int]:
+        """Return the local ranks whose monitor process has died."""
+        return [lr for lr, m in sorted(self._monitors.items()) if not m.is_alive()]
+
+    def replace(self, local_rank: int) -> None:
+        """Start a fresh monitor for ``local_rank`` after its monitor died."""
+        old = self._monitors.pop(local_rank, None)
+        if old is not None:
+            try:
+                old.stop(timeout=1.0)
+            except (FaultToleranceError, OSError) as exc:
+                logger.debug("cleaning up dead monitor of local rank %d: %s", local_rank, exc)
+        self._start_one(local_rank)
+
+    def poll_events(self) -> list[MonitorEvent]:
+        """Return the events every live monitor has reported since the last call."""
+        events: list[MonitorEvent] = []
+        for local_rank, monitor in sorted(self._monitors.items()):
+            if not monitor.is_alive():
+                continue
+            try:
+                events.extend(monitor.poll_events(timeout=0.0))
+            except (FaultToleranceError, OSError) as exc:
+                logger.warning("cannot read monitor events of local rank %d: %s", local_rank, exc)
+        return events
+
+    def stop_all(self) -> None:
+        """Stop every monitor and remove the socket directory."""
+        for local_rank, monitor in sorted(self._monitors.items()):
+            try:
+                monitor.stop(timeout=5.0)
+            except (FaultToleranceError, OSError) as exc:
+                logger.warning("stopping monitor of local rank %d failed: %s", local_rank, exc)
+        self._monitors.clear()
+        try:
+            # The directory is flat: sockets and stack-dump files only.
+            for entry in self.directory.iterdir():
+                entry.unlink(missing_ok=True)
+            self.directory.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.warning("cannot remove the monitor socket directory %s: %s", self.directory, exc)

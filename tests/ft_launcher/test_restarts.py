@@ -1,0 +1,97 @@
+"""Real ft-launcher runs: hung and failed workers are restarted in place; restarts run out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from launcher_harness import FAST_FT_FLAGS, WORKER, markers
+
+pytestmark = pytest.mark.slow
+
+
+def _args(mode: str, marker_dir: Path, *extra: str, restarts: int = 2) -> list[str]:
+    return [
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        *FAST_FT_FLAGS,
+        *extra,
+        str(WORKER),
+        "--mode",
+        mode,
+        "--marker-dir",
+        str(marker_dir),
+    ]
+
+
+def test_hang_before_first_heartbeat_is_restarted(launch, marker_dir: Path, tmp_path: Path):
+    status = tmp_path / "status.json"
+    launcher = launch(
+        _args(
+            "hang_before_hb",
+            marker_dir,
+            "--ft-initial-rank-heartbeat-timeout",
+            "3",
+            "--exit-status-file",
+            str(status),
+        )
+    )
+    assert launcher.wait(40) == 0, launcher.log()
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
+    log = launcher.log()
+    assert "rank 1 (local rank 1" in log and "hung: initial" in log
+    verdict = json.loads(status.read_text())
+    assert verdict["exit_code"] == 0 and verdict["restarts"] == 1
+    assert verdict["hangs_detected"] == 1
+
+
+def test_hang_in_section_is_restarted(launch, marker_dir: Path):
+    launcher = launch(
+        _args(
+            "hang_in_section",
+            marker_dir,
+            "--ft-rank-heartbeat-timeout",
+            "null",
+            "--ft-rank-section-timeouts",
+            "step:1.5",
+        )
+    )
+    assert launcher.wait(40) == 0, launcher.log()
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
+    log = launcher.log()
+    assert "hung: section:step" in log
+    assert "hang verdict:" in log
+
+
+@pytest.mark.parametrize("mode,expected", [("crash", "exited with code 7"), ("exception", "")])
+def test_failed_worker_is_restarted(launch, marker_dir: Path, mode: str, expected: str):
+    launcher = launch(_args(mode, marker_dir))
+    assert launcher.wait(40) == 0, launcher.log()
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
+    log = launcher.log()
+    assert "restarting the worker group (rank 1 (local rank 1" in log
+    assert expected in log
+    if mode == "exception":
+        assert "RuntimeError: injected failure on rank 1" in log
+
+
+def test_restarts_exhausted_exits_1_with_root_cause(launch, marker_dir: Path, tmp_path: Path):
+    status = tmp_path / "status.json"
+    launcher = launch(
+        [
+            *_args("crash", marker_dir, "--exit-status-file", str(status), restarts=1),
+            "--fault-attempt",
+            "-1",  # fails on every attempt
+        ]
+    )
+    assert launcher.wait(40) == 1, launcher.log()
+    assert "done-1-0" not in markers(marker_dir, "done")
+    last = launcher.log().strip().splitlines()[-1]
+    assert "exits 1 (restarts_exhausted)" in last
+    assert "root cause: rank 1 (local rank 1" in last and "exited with code 7" in last
+    verdict = json.loads(status.read_text())
+    assert verdict["exit_code"] == 1 and verdict["reason"] == "restarts_exhausted"
+    assert len(verdict["failures"]) == 2

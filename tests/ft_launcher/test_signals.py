@@ -1,0 +1,84 @@
+"""SIGTERM to the launcher, and a killed rank monitor: no orphans, no hang, clear exit codes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from launcher_harness import FAST_FT_FLAGS, WORKER, alive, child_pids, markers, wait_for_markers
+from launcher_harness import worker_pids as recorded_worker_pids
+
+pytestmark = pytest.mark.slow
+
+
+def _args(mode: str, marker_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        *FAST_FT_FLAGS,
+        *extra,
+        str(WORKER),
+        "--mode",
+        mode,
+        "--marker-dir",
+        str(marker_dir),
+    ]
+
+
+def test_sigterm_with_clean_workers_exits_0(launch, marker_dir: Path):
+    launcher = launch(_args("exit_on_sigterm", marker_dir))
+    launcher.wait_for_log("workers started", 20)
+    wait_for_markers(marker_dir, "start", 2, 20)
+    time.sleep(1.0)  # let the workers install their handlers
+    launcher.signal(signal.SIGTERM)
+    assert launcher.wait(20) == 0, launcher.log()
+    assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
+    assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))
+    assert "exits 0 (signal_clean)" in launcher.log()
+
+
+def test_sigterm_with_workers_ignoring_it_kills_them_after_term_timeout(launch, marker_dir: Path):
+    launcher = launch(_args("ignore_sigterm", marker_dir, "--term-timeout", "1.5"))
+    launcher.wait_for_log("workers started", 20)
+    wait_for_markers(marker_dir, "start", 2, 20)
+    time.sleep(1.0)
+    start = time.monotonic()
+    launcher.signal(signal.SIGTERM)
+    code = launcher.wait(20)
+    took = time.monotonic() - start
+    assert code == 128 + signal.SIGTERM, launcher.log()
+    assert took >= 1.4, took
+    assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
+    assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))
+
+
+def test_sigterm_leaves_no_orphan_children(launch, marker_dir: Path):
+    launcher = launch(_args("child_ignores_sigterm", marker_dir, "--term-timeout", "1"))
+    wait_for_markers(marker_dir, "child", 2, 20)
+    launcher.signal(signal.SIGTERM)
+    launcher.wait(20)
+    children = child_pids(marker_dir)
+    assert len(children) == 2
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if alive(pid)], "data-loader-like children survived"
+
+
+def test_killed_monitor_fails_the_group_and_is_replaced(launch, marker_dir: Path):
+    launcher = launch([*_args("ok", marker_dir), "--steps", "60"])
+    launcher.wait_for_log("workers started", 20)
+    found = re.search(r"rank monitor for local rank 0 started \(pid (\d+)\)", launcher.log())
+    assert found, launcher.log()
+    os.kill(int(found.group(1)), signal.SIGKILL)
+    assert launcher.wait(40) == 0, launcher.log()
+    log = launcher.log()
+    assert "rank monitor of local rank 0 (rank 0) died" in log
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
+    assert log.count("rank monitor for local rank 0 started") == 2

@@ -1,0 +1,128 @@
+"""Two ft-launcher processes on loopback act as two nodes through torch's c10d rendezvous."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
+
+from launcher_harness import (
+    FAST_FT_FLAGS,
+    WORKER,
+    Launcher,
+    free_port,
+    kill_leftovers,
+    markers,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def marker_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "markers"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path, marker_dir: Path):
+    """Start two launchers of one job; everything is killed at teardown."""
+    started: list[Launcher] = []
+
+    def start(nnodes: str, worker_args: list[str], *flags: str) -> tuple[Launcher, Launcher]:
+        """Node A starts first and hosts the rendezvous store; the fault fires on node B."""
+        port = free_port()
+        common = [
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"job-{port}",
+            "--rdzv-conf",
+            "join_timeout=60,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2",
+            "--local-addr",
+            "127.0.0.1",
+            "--max-restarts",
+            "2",
+            *FAST_FT_FLAGS,
+            *flags,
+            str(WORKER),
+            "--marker-dir",
+            str(marker_dir),
+            *worker_args,
+        ]
+        node_a = Launcher(common, tmp_path / "node-a.log", env={"FT_TEST_FAULT_NODE": "0"})
+        started.append(node_a)
+        # A's store exists once it logs its set-up line: B is then surely not the store host
+        # (torch's c10d rendezvous cannot outlive the node hosting its store).
+        node_a.wait_for_log("worker(s) on this node", 40)
+        node_b = Launcher(common, tmp_path / "node-b.log", env={"FT_TEST_FAULT_NODE": "1"})
+        started.append(node_b)
+        return node_a, node_b
+
+    yield start
+    for launcher in started:
+        launcher.kill()
+    kill_leftovers(marker_dir)
+
+
+def _both_joined(a: Launcher, b: Launcher) -> None:
+    for node in (a, b):
+        node.wait_for_log("of 2, fresh worker store", 40)
+
+
+def test_failure_on_one_node_restarts_both(two_nodes, marker_dir: Path):
+    a, b = two_nodes("2", ["--mode", "crash", "--steps", "40"])
+    assert a.wait(60) == 0, a.log()
+    assert b.wait(60) == 0, b.log()
+    assert "restarting the worker group (rank" in b.log()  # the failed node restarts ...
+    assert "re-forming the worker group: 1 node(s) failed" in a.log()  # ... the healthy follows
+    assert len(markers(marker_dir, "start")) == 4  # two ranks, started twice each
+    assert len(markers(marker_dir, "done")) == 2
+
+
+def test_min_healthy_keeps_the_healthy_node_going(two_nodes, marker_dir: Path):
+    a, b = two_nodes(
+        "1:2",
+        ["--mode", "crash", "--steps", "40"],
+        "--restart-policy",
+        "min-healthy",
+    )
+    _both_joined(a, b)
+    assert a.wait(60) == 0, a.log()
+    assert b.wait(60) == 0, b.log()
+    assert "standing by" in b.log() and "finished_on_healthy_nodes" in b.log()
+    assert "re-forming" not in a.log() and "restarting" not in a.log()
+    # A's rank ran once and finished; B's rank crashed and was not restarted.
+    assert len(markers(marker_dir, "done")) == 1
+    assert len(markers(marker_dir, "start")) == 2
+
+
+def test_shutdown_workload_stops_every_node_without_restart(two_nodes, marker_dir: Path):
+    a, b = two_nodes("2", ["--mode", "wlc_shutdown", "--steps", "400"])
+    _both_joined(a, b)
+    assert a.wait(60) == 3, a.log()
+    assert b.wait(60) == 3, b.log()
+    logs = a.log() + b.log()
+    assert "requested ShutdownWorkload: injected: stop" in logs
+    assert "restarting" not in logs and "re-forming" not in logs
+    assert len(markers(marker_dir, "start")) == 2
+
+
+def test_exclude_this_node_lets_the_other_node_go_on(two_nodes, marker_dir: Path):
+    a, b = two_nodes("1:2", ["--mode", "wlc_exclude", "--steps", "60"])
+    _both_joined(a, b)
+    assert b.wait(90) == 4, b.log()
+    assert a.wait(90) == 0, a.log()
+    assert "requested ExcludeThisNode: injected: bad node" in b.log()
+    assert "of 1, fresh worker store" in a.log()  # re-formed alone
+    assert len(markers(marker_dir, "done")) == 1
