@@ -1,0 +1,19 @@
+"""The exceptions of resiliency.ptl: one base class, one subclass per kind of failure."""
+
+from __future__ import annotations
+
+from resiliency.ft import MonitorUnavailableError
+
+__all__ = ["AutoResumeConfigError", "LauncherRequiredError", "PtlResiliencyError"]
+
+
+class PtlResiliencyError(Exception):
+    """Base class of every error raised by resiliency.ptl."""
+
+
+class LauncherRequiredError(PtlResiliencyError, MonitorUnavailableError):
+    """A fault-tolerance callback found no rank monitor: the job was not started by ft-launcher."""
+
+
+class AutoResumeConfigError(PtlResiliencyError, ValueError):
+    """``autoresume=True`` but the job does not say where to write the finished flag."""
