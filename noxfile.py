@@ -178,13 +178,21 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy over the public modules of every pure-Python package."""
-    _install(session, _pkg("ft-core"), _pkg("straggler"), "mypy>=1.10", "types-PyYAML")
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("straggler"),
+        _pkg("ft-launcher"),
+        _pkg("ptl-resiliency"),
+        "mypy>=1.10",
+        "types-PyYAML",
+    )
     session.run(
         "mypy",
-        "-p",
-        "resiliency.ft",
-        "-p",
-        "resiliency.straggler",
+        *("-p", "resiliency.ft"),
+        *("-p", "resiliency.straggler"),
+        *("-p", "resiliency.launcher"),
+        *("-p", "resiliency.ptl"),
     )
 
 
@@ -198,7 +206,14 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON)
 def demo(session: nox.Session) -> None:
-    """A real rank and its monitor: the rank hangs, the monitor dumps its stacks and kills it."""
+    """The main job: ft-launcher runs DDP training, a rank hangs, the group restarts and finishes."""
+    _install(session, _pkg("ft-core"), _pkg("ft-launcher"))
+    session.run("python", "examples/demo_launcher.py", *session.posargs)
+
+
+@nox.session(python=TORCH_PYTHON)
+def demo_monitor(session: nox.Session) -> None:
+    """One rank and its monitor, no launcher: the rank hangs, its stacks are dumped, it is killed."""
     _install(session, _pkg("ft-core"))
     session.run("python", "examples/demo_hang.py", *session.posargs)
 
