@@ -206,14 +206,14 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: ft-launcher runs DDP training, a rank hangs, the group restarts and finishes."""
+    """The main job: ft-launcher runs DDP training; a rank hangs; the group restarts, finishes."""
     _install(session, _pkg("ft-core"), _pkg("ft-launcher"))
     session.run("python", "examples/demo_launcher.py", *session.posargs)
 
 
 @nox.session(python=TORCH_PYTHON)
 def demo_monitor(session: nox.Session) -> None:
-    """One rank and its monitor, no launcher: the rank hangs, its stacks are dumped, it is killed."""
+    """One rank and its monitor, no launcher: the rank hangs, is stack-dumped and killed."""
     _install(session, _pkg("ft-core"))
     session.run("python", "examples/demo_hang.py", *session.posargs)
 

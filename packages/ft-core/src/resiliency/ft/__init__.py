@@ -15,7 +15,7 @@ from resiliency.ft.errors import (
     StateDictError,
 )
 from resiliency.ft.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
-from resiliency.ft.socket_dir import create_socket_dir, socket_path_for
+from resiliency.ft.socket_dir import create_socket_dir, socket_path_for, stack_dump_path_for
 from resiliency.ft.state import (
     merge_loaded_timeouts,
     timeouts_from_state_dict,
@@ -59,6 +59,7 @@ __all__ = [
     "create_socket_dir",
     "merge_loaded_timeouts",
     "socket_path_for",
+    "stack_dump_path_for",
     "timeouts_from_state_dict",
     "timeouts_to_state_dict",
 ]

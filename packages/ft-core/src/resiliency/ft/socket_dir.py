@@ -48,17 +48,18 @@ class PeerCredentials:
     gid: int
 
 
-def create_socket_dir(prefix: str = "ft-") -> Path:
+def create_socket_dir(prefix: str = "ft-", base_dir: str | os.PathLike[str] | None = None) -> Path:
     """Create a fresh private directory for one job's monitor sockets.
 
     Args:
-        prefix: Name prefix of the directory, created under ``$TMPDIR``.
+        prefix: Name prefix of the directory.
+        base_dir: Where to create it; ``$TMPDIR`` (or the system's temporary directory) if None.
 
     Returns:
         The directory (mode 0700).
     """
     # mkdtemp creates the directory with mode 0700 and an unpredictable name.
-    return Path(tempfile.mkdtemp(prefix=prefix))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base_dir))
 
 
 def ensure_private_dir(directory: str | os.PathLike[str]) -> Path:

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 from resiliency.ft import (
+    IPC_SOCKET_ENV,
     FaultToleranceConfig,
     FaultToleranceError,
     MonitorEvent,
     MonitorProcess,
+    create_socket_dir,
+    socket_path_for,
+    stack_dump_path_for,
 )
 
 __all__ = ["MONITOR_SOCKET_ENV", "MonitorSet"]
 
 logger = logging.getLogger(__name__)
 
-MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+MONITOR_SOCKET_ENV = IPC_SOCKET_ENV
 
 
 class MonitorSet:
@@ -42,17 +45,16 @@ class MonitorSet:
     ) -> None:
         self.cfg = cfg
         self.local_world_size = local_world_size
-        # mkdtemp creates the directory with mode 0700 and an unpredictable name.
-        self.directory = Path(tempfile.mkdtemp(prefix="ftl-", dir=base_dir))
+        self.directory = create_socket_dir(prefix="ftl-", base_dir=base_dir)
         self._monitors: dict[int, MonitorProcess] = {}
 
     def socket_path(self, local_rank: int) -> str:
         """Return the monitor socket path of ``local_rank`` (what the worker gets in its env)."""
-        return str(self.directory / f"rank-{local_rank}.sock")
+        return str(socket_path_for(self.directory, local_rank))
 
     def stack_dump_path(self, local_rank: int) -> Path:
-        """Return the file the rank's client writes its stack dump to (ft-core's convention)."""
-        return self.directory / f"rank-{local_rank}-stacks.txt"
+        """Return the file the rank's client writes its stack dump to."""
+        return stack_dump_path_for(self.socket_path(local_rank), local_rank)
 
     def _start_one(self, local_rank: int) -> MonitorProcess:
         path = self.socket_path(local_rank)
