@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -82,3 +83,21 @@ def test_killed_monitor_fails_the_group_and_is_replaced(launch, marker_dir: Path
     assert "rank monitor of local rank 0 (rank 0) died" in log
     assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
     assert log.count("rank monitor for local rank 0 started") == 2
+
+
+def test_node_turning_unhealthy_while_running_leaves_the_job(launch, marker_dir: Path, tmp_path):
+    flag = tmp_path / "gpu-fell-off-the-bus"
+    check = (
+        f'{sys.executable} -c "import os, sys; '
+        f"sys.exit('GPU 3 lost' if os.path.exists('{flag}') else 0)\""
+    )
+    interval = ("--ft-node-health-check-interval", "0.2")
+    args = _args("ok", marker_dir, "--node-health-check-cmd", check, *interval)
+    launcher = launch([*args, "--steps", "400"])
+    launcher.wait_for_log("workers started", 20)
+    wait_for_markers(marker_dir, "start", 2, 20)
+    flag.touch()
+    assert launcher.wait(20) == 4, launcher.log()
+    log = launcher.log()
+    assert "node health check failed" in log and "GPU 3 lost" in log
+    assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))

@@ -132,6 +132,7 @@ class FtElasticAgent(CompatAgent):
         self.hangs_detected = 0
         self.verdicts: list[str] = []
         self.attempt_causes: list[str] = []
+        self._next_health_check = 0.0
 
     # --- worker environment and lifecycle hooks ------------------------------------------------
     def extra_worker_env(self, local_rank: int) -> dict[str, str]:
@@ -143,6 +144,13 @@ class FtElasticAgent(CompatAgent):
 
     def before_rendezvous(self) -> None:
         """Run the node health checks; an unhealthy node does not (re)join."""
+        self._check_node_health()
+
+    def _check_node_health(self) -> None:
+        """Run the node health checks; raise :class:`_NodeLeaves` if any of them fails."""
+        self._next_health_check = (
+            time.monotonic() + self._settings.ft_cfg.node_health_check_interval
+        )
         results = run_health_checks(self._settings.health_checks)
         failed = [r for r in results if not r.healthy]
         if failed:
@@ -354,6 +362,8 @@ class FtElasticAgent(CompatAgent):
         except _NodeLeaves as leave:
             self.outcome = leave.outcome
             logger.error("this node leaves the job: %s", leave.outcome.detail)
+            if self._shared is not None:
+                self._shared.publish_left()
             self._stop_workers(self._worker_group)
             return _stopped()
 
@@ -373,6 +383,9 @@ class FtElasticAgent(CompatAgent):
                 return self._follow_shutdown(result, shared.shutdown)
             if self._cycle.exclude is not None:
                 return self._exclude_this_node(result)
+            if self._settings.health_checks and time.monotonic() >= self._next_health_check:
+                # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
+                self._check_node_health()
 
             local = {
                 WorkerState.SUCCEEDED: LocalState.SUCCEEDED,
