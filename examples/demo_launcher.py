@@ -101,7 +101,8 @@ def main() -> int:
     )
     print(f"  finished      : {'yes' if flag.exists() else 'NO'} ({first('finished 20 steps')})")
     print(f"  launcher exit : {code} in {took:.1f} s")
-    ok = code == 0 and flag.exists() and verdict.get("hangs_detected", 0) >= 1
+    named = f"likely culprit: rank {args.hang_rank}" in text
+    ok = code == 0 and flag.exists() and verdict.get("hangs_detected", 0) >= 1 and named
     print("demo OK" if ok else f"demo FAILED; log: {log_path}")
     if args.keep or not ok:
         print(f"work directory: {work}")

@@ -127,3 +127,38 @@ def test_second_controller_is_refused(start_monitor):
     assert reply["t"] == "error"
     assert "another controller" in reply["msg"]
     assert monitor.proc.is_alive()
+
+
+def test_stack_dump_on_request_leaves_the_worker_running(start_monitor, spawn_rank):
+    monitor = start_monitor(rank_heartbeat_timeout=30.0)
+    rank = spawn_rank(
+        """
+        def waiting_for_the_slow_peer():
+            while True:
+                client.send_heartbeat()
+                time.sleep(0.05)
+
+        print("ready", flush=True)
+        waiting_for_the_slow_peer()
+        """,
+        monitor,
+        rank=2,
+    )
+    monitor.wait_event("rank_connected", pid=rank.pid)
+    deadline = time.monotonic() + 10
+    while "ready" not in rank.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monitor.proc.request_stack_dump()
+    event = monitor.wait_event("stacks", pid=rank.pid)
+    assert event.rank == 2 and event.stack_dump is not None
+    assert "waiting_for_the_slow_peer" in event.stack_dump
+    time.sleep(0.5)
+    assert rank.popen.poll() is None, "a requested dump must not stop the worker"
+    assert "hung" not in monitor.log()
+
+
+def test_stack_dump_request_without_a_worker_answers_none(start_monitor):
+    monitor = start_monitor()
+    monitor.proc.request_stack_dump()
+    event = monitor.wait_event("stacks")
+    assert event.stack_dump is None and event.raw.get("msg") == "no connected worker to dump"

@@ -1,5 +1,8 @@
 """What the monitor does to a hung worker: dump its stacks, terminate it, kill it.
 
+The same machine, with ``terminate=False``, only collects a stack dump (the launcher asks for the
+stacks of a hung rank's peers, to tell which rank the others wait for).
+
 A small state machine that never blocks: the server's loop calls :meth:`HangAction.poll` whenever
 it wakes, so frames keep being drained while the worker dumps its stacks and shuts down.
 """
@@ -41,7 +44,8 @@ class HangAction:
         on_dump: Called once with the dump text (None when there is none) before the worker is
             signalled to terminate.
         on_done: Called once with the name of the signal that ended the worker (None when it
-            was already gone).
+            was already gone, or when ``terminate`` is False).
+        terminate: False to stop after the dump and leave the worker running.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class HangAction:
         grace_period: float,
         on_dump: Callable[[str | None], None],
         on_done: Callable[[str | None], None],
+        terminate: bool = True,
     ) -> None:
         self.pid = pid
         self._start_time = start_time
@@ -68,6 +73,7 @@ class HangAction:
         self._grace = grace_period
         self._on_dump = on_dump
         self._on_done = on_done
+        self._terminate = terminate
         self.phase = "new"
         self._deadline = 0.0
         self._dump_size = -1
@@ -157,7 +163,9 @@ class HangAction:
 
     def _finish_dump(self, now: float, dump: str | None) -> None:
         self._on_dump(dump)
-        if self._signal(self._term_signal):
+        if not self._terminate:
+            self._report_done()
+        elif self._signal(self._term_signal):
             logger.error("sent %s to %s", self._term_signal.name, self._who)
             self.phase = "terminate"
             self._deadline = now + self._grace

@@ -42,7 +42,9 @@ class MonitorEvent:
     """Something the monitor reports to its controller.
 
     Attributes:
-        kind: ``"hang"``, ``"killed"``, ``"wlc"``, ``"rank_connected"`` or ``"rank_disconnected"``.
+        kind: ``"hang"``, ``"killed"``, ``"stacks"`` (the answer to
+            :meth:`MonitorProcess.request_stack_dump`), ``"wlc"``, ``"rank_connected"`` or
+            ``"rank_disconnected"``.
         local_rank: The monitor's local rank.
         rank: The worker's global rank, if known.
         pid: The worker's pid.
@@ -230,6 +232,18 @@ class MonitorProcess:
             MonitorUnavailableError: The monitor is gone.
         """
         self._request({"t": "worker_stopped"})
+
+    def request_stack_dump(self) -> None:
+        """Ask the monitor for its worker's Python stacks, leaving the worker running.
+
+        The answer arrives later as a ``stacks`` event (its ``stack_dump`` is None when the worker
+        cannot dump); while the monitor is already handling a hang, that hang's event carries the
+        dump instead.
+
+        Raises:
+            MonitorUnavailableError: The monitor is gone.
+        """
+        self._request({"t": "dump_stacks"})
 
     def poll_events(self, timeout: float = 0.0) -> list[MonitorEvent]:
         """Return the events received so far, waiting up to ``timeout`` for the first one.

@@ -79,6 +79,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "restart": ((int,), False),
     },
     "worker_stopped": {},
+    "dump_stacks": {},
     "shutdown": {},
     # responses and events, monitor -> peer
     "ok": {"stats": ((dict,), False), "forwarded": ((bool,), False)},

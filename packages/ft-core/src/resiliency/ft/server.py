@@ -261,6 +261,9 @@ class RankMonitorServer(SocketLoop):
         elif conn.role == "controller" and t == "worker_stopped":
             self._stop_worker()
             self._send(conn, {"t": "ok"})
+        elif conn.role == "controller" and t == "dump_stacks":
+            self._dump_stacks(now)
+            self._send(conn, {"t": "ok"})
         elif conn.role == "controller" and t == "shutdown":
             self._send(conn, {"t": "ok"})
             self.request_stop("the controller asked for shutdown")
@@ -371,6 +374,42 @@ class RankMonitorServer(SocketLoop):
         if self._watch is not None:
             logger.info("the launcher stopped %s; its timers are disarmed", self._who())
         self._watch = None
+
+    def _dump_stacks(self, now: float) -> None:
+        """Collect the worker's stacks for the controller without stopping it (``stacks`` event).
+
+        A hang action already under way dumps the stacks itself and reports them in its ``hang``
+        event, so a request during one adds nothing (a second signal would race its dump file).
+        """
+        if self._action is not None:
+            return
+        watch = self._watch
+        fields: dict[str, Any] = {
+            "rank": watch.rank if watch else None,
+            "pid": watch.pid if watch else None,
+        }
+        if watch is None or watch.pid is None or not self._dump_ready:
+            self._emit("stacks", **fields, stack_dump=None, msg="no connected worker to dump")
+            return
+        if not self.cfg.enable_stack_dump:
+            self._emit("stacks", **fields, stack_dump=None, msg="stack dumps are disabled")
+            return
+        self._action = HangAction(
+            pid=watch.pid,
+            start_time=self._worker_start_time,
+            who=self._who(),
+            dump_path=self.dump_path,
+            dump_signal=self.cfg.stack_dump_signal,
+            dump_timeout=self.cfg.stack_dump_timeout,
+            termination_signal=self.cfg.rank_termination_signal,
+            grace_period=self.cfg.termination_grace_period,
+            on_dump=lambda text: self._emit("stacks", **fields, stack_dump=text),
+            on_done=lambda _sig: None,
+            terminate=False,
+        )
+        self._action.start(now)
+        if self._action.done:
+            self._action = None
 
     def _on_hang(self, expired: ExpiredTimer, now: float) -> None:
         watch = self._watch

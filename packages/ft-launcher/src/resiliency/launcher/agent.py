@@ -36,7 +36,8 @@ __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 logger = logging.getLogger(__name__)
 
 _ACK_WAIT_SECONDS = 5.0
-_PEER_DUMP_WAIT_SECONDS = 1.0
+# Beyond the monitors' own stack_dump_timeout: their loop period and the event round trip.
+_DUMP_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,8 @@ class _Cycle:
     hangs: dict[int, MonitorEvent] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)
     connected: set[int] = field(default_factory=set)
-    dump_requested: dict[int, float] = field(default_factory=dict)
+    dump_requested: set[int] = field(default_factory=set)
     peer_dumps: dict[int, str | None] = field(default_factory=dict)
-    dumps_collected: bool = False
     shutdown: MonitorEvent | None = None
     exclude: MonitorEvent | None = None
 
@@ -206,11 +206,7 @@ class FtElasticAgent(CompatAgent):
 
     # --- monitoring ---------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        # Events first: on a hang, the other ranks must dump their stacks before torch notices
-        # the killed rank and stops them.
         self._handle_events(self._monitors.poll_events())
-        if self._cycle.dump_requested and not self._cycle.dumps_collected:
-            self._collect_peer_dumps()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             self._note_worker_failures(result)
@@ -270,6 +266,8 @@ class FtElasticAgent(CompatAgent):
                 logger.warning("monitor event without a local rank ignored: %s", event.raw)
             elif event.kind == "hang":
                 self._on_hang(local_rank, event)
+            elif event.kind == "stacks":
+                self._cycle.peer_dumps[local_rank] = event.stack_dump
             elif event.kind == "wlc":
                 self._on_workload_control(event)
             elif event.kind == "rank_connected":
@@ -300,33 +298,28 @@ class FtElasticAgent(CompatAgent):
             self._request_peer_dumps(exclude=local_rank)
 
     def _request_peer_dumps(self, exclude: int) -> None:
-        # The other local ranks are about to be stopped; ask the ones whose client registered the
-        # dump handler for their stacks first, so the verdict can compare all of them.
-        sig = self._settings.ft_cfg.stack_dump_signal
-        for local_rank, pid in self._cycle.pids.items():
+        # The other local ranks are about to be stopped; their monitors collect their stacks
+        # first, so the verdict can compare all of them.
+        for local_rank in self._cycle.pids:
             if local_rank == exclude or local_rank not in self._cycle.connected:
                 continue
-            path = self._monitors.stack_dump_path(local_rank)
-            try:
-                path.write_text("")
-                os.kill(pid, sig)
-            except (ProcessLookupError, OSError) as exc:
-                logger.debug("no stack dump from local rank %d: %s", local_rank, exc)
-                continue
-            self._cycle.dump_requested[local_rank] = time.monotonic()
+            if self._monitors.request_stack_dump(local_rank):
+                self._cycle.dump_requested.add(local_rank)
 
-    def _collect_peer_dumps(self) -> None:
-        self._cycle.dumps_collected = True
-        deadline = time.monotonic() + _PEER_DUMP_WAIT_SECONDS
-        for local_rank in self._cycle.dump_requested:
-            path = self._monitors.stack_dump_path(local_rank)
-            self._cycle.peer_dumps[local_rank] = _read_stable(path, deadline)
+    def _await_peer_dumps(self) -> None:
+        """Wait (bounded) until every rank asked for its stacks has answered or reported a hang."""
+        deadline = time.monotonic() + self._settings.ft_cfg.stack_dump_timeout + _DUMP_SLACK_S
+        while time.monotonic() < deadline:
+            pending = self._cycle.dump_requested - set(self._cycle.peer_dumps)
+            if not pending - set(self._cycle.hangs):
+                return
+            time.sleep(0.05)
+            self._handle_events(self._monitors.poll_events())
 
     def _collect_verdict(self) -> None:
         if not self._cycle.hangs:
             return
-        if self._cycle.dump_requested and not self._cycle.dumps_collected:
-            self._collect_peer_dumps()
+        self._await_peer_dumps()
         dumps: dict[int, str | None] = {}
         for local_rank, text in self._cycle.peer_dumps.items():
             dumps[self._cycle.ranks.get(local_rank, local_rank)] = text
@@ -612,21 +605,3 @@ def _wait_until(condition: Any, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return bool(condition())
-
-
-def _read_stable(path: Any, deadline: float) -> str | None:
-    """Read a dump file once it stops growing (faulthandler writes it in one go)."""
-    last = -1
-    while time.monotonic() < deadline:
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size > 0 and size == last:
-            break
-        last = size
-        time.sleep(0.03)
-    try:
-        return str(path.read_text(errors="replace")) or None
-    except FileNotFoundError:
-        return None

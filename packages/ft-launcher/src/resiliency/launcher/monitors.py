@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from resiliency.ft import (
     IPC_SOCKET_ENV,
@@ -21,7 +20,6 @@ from resiliency.ft import (
     MonitorProcess,
     create_socket_dir,
     socket_path_for,
-    stack_dump_path_for,
 )
 
 __all__ = ["MONITOR_SOCKET_ENV", "MonitorSet"]
@@ -51,10 +49,6 @@ class MonitorSet:
     def socket_path(self, local_rank: int) -> str:
         """Return the monitor socket path of ``local_rank`` (what the worker gets in its env)."""
         return str(socket_path_for(self.directory, local_rank))
-
-    def stack_dump_path(self, local_rank: int) -> Path:
-        """Return the file the rank's client writes its stack dump to."""
-        return stack_dump_path_for(self.socket_path(local_rank), local_rank)
 
     def _start_one(self, local_rank: int) -> MonitorProcess:
         path = self.socket_path(local_rank)
@@ -90,6 +84,19 @@ class MonitorSet:
                 monitor.worker_stopped()
             except (FaultToleranceError, OSError) as exc:
                 logger.warning("cannot disarm monitor of local rank %d: %s", local_rank, exc)
+
+    def request_stack_dump(self, local_rank: int) -> bool:
+        """Ask the monitor of ``local_rank`` for its worker's stacks (a ``stacks`` event follows).
+
+        Returns:
+            True if the request reached the monitor.
+        """
+        try:
+            self._monitors[local_rank].request_stack_dump()
+        except (KeyError, FaultToleranceError, OSError) as exc:
+            logger.debug("no stack dump from local rank %d: %s", local_rank, exc)
+            return False
+        return True
 
     def dead_monitors(self) -> list[int]:
         """Return the local ranks whose monitor process has died."""
