@@ -23,21 +23,19 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import FaultToleranceConfig, MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent
+from resiliency.launcher.diagnosis import HangDiagnosis
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.health import HealthCheck, run_health_checks
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState, RestartPolicy
 from resiliency.launcher.shared_state import SharedRoundState
-from resiliency.launcher.verdict import analyze_hang
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 
 logger = logging.getLogger(__name__)
 
 _ACK_WAIT_SECONDS = 5.0
-# Beyond the monitors' own stack_dump_timeout: their loop period and the event round trip.
-_DUMP_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,13 +86,11 @@ class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
 class _Cycle:
     """What happened since the workers were last (re)started."""
 
+    diagnosis: HangDiagnosis
     pids: dict[int, int] = field(default_factory=dict)
     ranks: dict[int, int] = field(default_factory=dict)
-    hangs: dict[int, MonitorEvent] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)
     connected: set[int] = field(default_factory=set)
-    dump_requested: set[int] = field(default_factory=set)
-    peer_dumps: dict[int, str | None] = field(default_factory=dict)
     shutdown: MonitorEvent | None = None
     exclude: MonitorEvent | None = None
 
@@ -123,7 +119,7 @@ class FtElasticAgent(CompatAgent):
         super().__init__(spec, logs_specs, **agent_kwargs)
         self._monitors = monitors
         self._settings = settings
-        self._cycle = _Cycle()
+        self._cycle = self._new_cycle()
         self._shared: SharedRoundState | None = None
         self._published_failure = False
         self._worker_pgids: set[int] = set()
@@ -133,6 +129,9 @@ class FtElasticAgent(CompatAgent):
         self.verdicts: list[str] = []
         self.attempt_causes: list[str] = []
         self._next_health_check = 0.0
+
+    def _new_cycle(self) -> _Cycle:
+        return _Cycle(HangDiagnosis(self._monitors, self._settings.ft_cfg.stack_dump_timeout))
 
     # --- worker environment and lifecycle hooks ------------------------------------------------
     def extra_worker_env(self, local_rank: int) -> dict[str, str]:
@@ -168,7 +167,7 @@ class FtElasticAgent(CompatAgent):
         self._monitors.start_all()
         pids: dict[int, Any] = super()._start_workers(worker_group)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
-        self._cycle = _Cycle()
+        self._cycle = self._new_cycle()
         for local_rank, pid in pids.items():
             rank = worker_group.workers[local_rank].global_rank
             self._worker_pgids.add(int(pid))
@@ -219,7 +218,7 @@ class FtElasticAgent(CompatAgent):
             self._cycle.causes.append(cause)
             self._monitors.replace(local_rank)
             result = RunResult(state=WorkerState.FAILED, failures=result.failures)
-        if self._cycle.hangs and result.state == WorkerState.HEALTHY:
+        if self._cycle.diagnosis.hangs and result.state == WorkerState.HEALTHY:
             failures = {
                 ev.rank if ev.rank is not None else lr: ProcessFailure(
                     local_rank=lr,
@@ -227,7 +226,7 @@ class FtElasticAgent(CompatAgent):
                     exitcode=-int(self._settings.ft_cfg.rank_termination_signal),
                     error_file="",
                 )
-                for lr, ev in self._cycle.hangs.items()
+                for lr, ev in self._cycle.diagnosis.hangs.items()
             }
             result = RunResult(state=WorkerState.FAILED, failures=failures)
         return result
@@ -243,7 +242,7 @@ class FtElasticAgent(CompatAgent):
         )
         for global_rank, failure in ordered:
             local_rank = failure.local_rank
-            if local_rank in self._cycle.hangs:
+            if local_rank in self._cycle.diagnosis.hangs:
                 continue
             if failure.exitcode < 0:
                 how = f"was killed by signal {_signal_name(-failure.exitcode)}"
@@ -267,7 +266,7 @@ class FtElasticAgent(CompatAgent):
             elif event.kind == "hang":
                 self._on_hang(local_rank, event)
             elif event.kind == "stacks":
-                self._cycle.peer_dumps[local_rank] = event.stack_dump
+                self._cycle.diagnosis.add_stacks(local_rank, event.stack_dump)
             elif event.kind == "wlc":
                 self._on_workload_control(event)
             elif event.kind == "rank_connected":
@@ -278,7 +277,7 @@ class FtElasticAgent(CompatAgent):
                 logger.debug("monitor event: %s", event)
 
     def _on_hang(self, local_rank: int, event: MonitorEvent) -> None:
-        if local_rank in self._cycle.hangs:
+        if local_rank in self._cycle.diagnosis.hangs:
             return
         if self._cycle.pids.get(local_rank) not in (None, event.pid):
             logger.info("ignoring a hang report about an earlier worker (pid %s)", event.pid)
@@ -291,43 +290,22 @@ class FtElasticAgent(CompatAgent):
         )
         logger.error("%s; its monitor terminated it", cause)
         self.hangs_detected += 1
-        first = not self._cycle.hangs
-        self._cycle.hangs[local_rank] = event
         self._cycle.causes.append(cause)
+        first = self._cycle.diagnosis.add_hang(local_rank, event)
         if first and self._settings.ft_cfg.enable_stack_dump:
-            self._request_peer_dumps(exclude=local_rank)
-
-    def _request_peer_dumps(self, exclude: int) -> None:
-        # The other local ranks are about to be stopped; their monitors collect their stacks
-        # first, so the verdict can compare all of them.
-        for local_rank in self._cycle.pids:
-            if local_rank == exclude or local_rank not in self._cycle.connected:
-                continue
-            if self._monitors.request_stack_dump(local_rank):
-                self._cycle.dump_requested.add(local_rank)
-
-    def _await_peer_dumps(self) -> None:
-        """Wait (bounded) until every rank asked for its stacks has answered or reported a hang."""
-        deadline = time.monotonic() + self._settings.ft_cfg.stack_dump_timeout + _DUMP_SLACK_S
-        while time.monotonic() < deadline:
-            pending = self._cycle.dump_requested - set(self._cycle.peer_dumps)
-            if not pending - set(self._cycle.hangs):
-                return
-            time.sleep(0.05)
-            self._handle_events(self._monitors.poll_events())
+            # The other local ranks are about to be stopped: collect their stacks first.
+            peers = [
+                lr for lr in self._cycle.pids if lr != local_rank and lr in self._cycle.connected
+            ]
+            self._cycle.diagnosis.request_peer_stacks(peers)
 
     def _collect_verdict(self) -> None:
-        if not self._cycle.hangs:
-            return
-        self._await_peer_dumps()
-        dumps: dict[int, str | None] = {}
-        for local_rank, text in self._cycle.peer_dumps.items():
-            dumps[self._cycle.ranks.get(local_rank, local_rank)] = text
-        for local_rank, event in self._cycle.hangs.items():
-            dumps[self._cycle.ranks.get(local_rank, local_rank)] = event.stack_dump
-        verdict = analyze_hang(dumps)
-        self.verdicts.append(verdict.summary)
-        logger.error("%s", verdict.summary)
+        summary = self._cycle.diagnosis.verdict(
+            self._cycle.ranks, lambda: self._handle_events(self._monitors.poll_events())
+        )
+        if summary is not None:
+            self.verdicts.append(summary)
+            logger.error("%s", summary)
 
     def _on_workload_control(self, event: MonitorEvent) -> None:
         try:
