@@ -64,6 +64,18 @@ def test_wrapped_callables_are_timed_and_restored_exactly() -> None:
     assert Detector.generate_report().local_section_summaries == {}
 
 
+def test_a_method_wrapped_on_an_instance_stays_bound_to_it() -> None:
+    Detector.initialize()
+    model, other = Model(), Model()
+    Detector.wrap_callables([CallableId(model, "forward", ignored_args=("self",))])
+    assert model.forward(2) == 4 and model.forward(5) == 10
+    assert other.forward(1) == 2  # only that instance is timed
+    counts = {n: s.count for n, s in Detector.generate_report().local_section_summaries.items()}
+    assert counts == {"Model.forward": 2}
+    Detector.restore_original_callables()
+    assert "forward" not in vars(model) and model.forward(3) == 6
+
+
 def test_shutdown_restores_wrapped_callables() -> None:
     original = Model.__dict__["forward"]
     Detector.initialize()

@@ -101,7 +101,11 @@ class CallableWrapper:
                 raise StragglerConfigError(f"{cid} is not callable")
             _check_ignored_args(cid, func)
         for cid, raw, own in plans:
-            setattr(cid.obj, cid.name, self._timed(str(cid), raw))
+            # On an instance, a method found on its class must be wrapped bound to the instance:
+            # the wrapper is stored in the instance's __dict__, where Python does not bind it.
+            on_instance = not isinstance(cid.obj, type) and not inspect.ismodule(cid.obj)
+            target = getattr(cid.obj, cid.name) if on_instance else raw
+            setattr(cid.obj, cid.name, self._timed(str(cid), target))
             self._originals.append((cid.obj, cid.name, own))
 
     def _timed(self, section_name: str, raw: Any) -> Any:
