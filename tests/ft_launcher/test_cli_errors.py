@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,29 @@ def test_failed_health_check_keeps_the_node_out(marker_dir: Path):
     assert proc.returncode == 4, proc.stderr
     assert "node health check failed" in proc.stderr and "bad gpu" in proc.stderr
     assert list(marker_dir.iterdir()) == []
+
+
+def test_too_long_tmpdir_stops_before_any_worker(tmp_path: Path, marker_dir: Path):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "resiliency.launcher",
+            "--nproc-per-node",
+            "2",
+            str(WORKER),
+            "--marker-dir",
+            str(marker_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "TMPDIR": str(deep)},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Set TMPDIR to a shorter directory" in proc.stderr
+    assert list(marker_dir.iterdir()) == []
+    assert list(deep.iterdir()) == []  # no socket directory was created

@@ -10,6 +10,7 @@ from resiliency.ft import FaultToleranceError, config_from_args
 from resiliency.launcher._torch_compat import check_torch_version
 from resiliency.launcher.errors import LauncherError
 from resiliency.launcher.launch import build_health_checks, launch
+from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.options import LauncherOptions, build_parser
 
 __all__ = ["main"]
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ft_cfg = config_from_args(args)
         options = LauncherOptions.from_args(args)
         health_checks = build_health_checks(options)
+        nproc = str(args.nproc_per_node)
+        # "gpu"/"auto" resolve later; assume up to 1,000 local ranks for the path check.
+        MonitorSet.check_socket_paths(int(nproc) if nproc.isdigit() else 1000)
     except (FaultToleranceError, LauncherError) as exc:
         parser.error(str(exc))
     logging.getLogger("resiliency").setLevel(ft_cfg.log_level)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from pathlib import Path
 
 from resiliency.ft import (
     IPC_SOCKET_ENV,
@@ -25,6 +27,8 @@ from resiliency.ft import (
 __all__ = ["MONITOR_SOCKET_ENV", "MonitorSet"]
 
 logger = logging.getLogger(__name__)
+
+_DIR_PREFIX = "ftl-"
 
 MONITOR_SOCKET_ENV = IPC_SOCKET_ENV
 
@@ -41,10 +45,27 @@ class MonitorSet:
     def __init__(
         self, cfg: FaultToleranceConfig, local_world_size: int, base_dir: str | None = None
     ) -> None:
+        self.check_socket_paths(local_world_size, base_dir)
         self.cfg = cfg
         self.local_world_size = local_world_size
-        self.directory = create_socket_dir(prefix="ftl-", base_dir=base_dir)
+        self.directory = create_socket_dir(prefix=_DIR_PREFIX, base_dir=base_dir)
         self._monitors: dict[int, MonitorProcess] = {}
+
+    @staticmethod
+    def check_socket_paths(local_world_size: int, base_dir: str | None = None) -> None:
+        """Check, before anything starts, that every monitor socket path will fit.
+
+        Args:
+            local_world_size: number of local ranks.
+            base_dir: where the socket directory will be created; ``$TMPDIR`` if None.
+
+        Raises:
+            ConfigError: the longest socket path is too long for a Unix socket (set TMPDIR
+                to a shorter directory).
+        """
+        # mkdtemp appends 8 random characters to the prefix.
+        longest = Path(base_dir or tempfile.gettempdir()) / (_DIR_PREFIX + "x" * 8)
+        socket_path_for(longest, max(local_world_size - 1, 0))
 
     def socket_path(self, local_rank: int) -> str:
         """Return the monitor socket path of ``local_rank`` (what the worker gets in its env)."""
