@@ -164,7 +164,7 @@ def _install_everything(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Everything installed: cross-package, multi-process and torch-dependent tests."""
     _install_everything(session)
-    _pytest(session, "tests/integration", "tests/straggler", "tests/ft_core")
+    _pytest(session, "tests/integration", "tests/docs", "tests/straggler", "tests/ft_core")
 
 
 @nox.session(python=TORCH_PYTHON)
