@@ -160,6 +160,14 @@ def test_every_unknown_key_is_reported() -> None:
     assert "did you mean 'workload_check_interval'" in message
 
 
+def test_a_setting_only_nvidias_tool_has_is_named_as_such() -> None:
+    with pytest.raises(ConfigError) as info:
+        FaultToleranceConfig(restart_check_interval=60)
+    message = str(info.value)
+    assert "a setting of NVIDIA's resiliency extension" in message and "remove it" in message
+    assert "did you mean" not in message
+
+
 def test_unknown_key_without_close_match_lists_valid_keys() -> None:
     with pytest.raises(ConfigError, match="valid keys are: workload_check_interval, "):
         FaultToleranceConfig(colour="blue")

@@ -390,12 +390,22 @@ def _closest_key(key: str, choices: list[str]) -> str | None:
     return matches[0] if matches else None
 
 
+# Settings of NVIDIA's resiliency extension that have no counterpart here: a look-alike valid key
+# (restart_check_interval ~ workload_check_interval) would be a misleading suggestion.
+_FOREIGN_KEYS = frozenset({"restart_check_interval", "enable_nic_monitor", "skip_section_response"})
+
+
 def _unknown_keys_message(keys: list[Any]) -> str:
     valid = list(FaultToleranceConfig.model_fields)
     parts = []
     for key in keys:
         close = _closest_key(str(key), valid)
-        if close:
+        if str(key) in _FOREIGN_KEYS:
+            parts.append(
+                f"unknown key {str(key)!r}: a setting of NVIDIA's resiliency extension that this "
+                "toolkit does not have; remove it (docs/coming_from_nvidia_resiliency_ext.md)"
+            )
+        elif close:
             parts.append(f"unknown key {str(key)!r}; did you mean {close!r}?")
         else:
             parts.append(f"unknown key {str(key)!r}; valid keys are: {', '.join(valid)}")
