@@ -30,6 +30,17 @@ from resiliency.straggler.scoring import gpu_relative_scores, relative_scores_of
 SECTIONS = 20
 
 
+def per_call_ns_runs(
+    stmt: Callable[[], None],
+    number: int,
+    repeat: int,
+    clock: Callable[[], float] = time.thread_time,
+) -> list[float]:
+    """Mean cost of one call in ns, for each of ``repeat`` repetitions of ``number`` calls."""
+    timer = Timer(stmt, timer=clock)
+    return [total / number * 1e9 for total in timer.repeat(repeat=repeat, number=number)]
+
+
 def per_call_ns(
     stmt: Callable[[], None],
     number: int,
@@ -37,8 +48,7 @@ def per_call_ns(
     clock: Callable[[], float] = time.thread_time,
 ) -> float:
     """Best-of-``repeat`` mean cost of one call, in ns (best: least disturbed by other load)."""
-    timer = Timer(stmt, timer=clock)
-    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e9
+    return min(per_call_ns_runs(stmt, number, repeat, clock))
 
 
 def bench_sections(number: int, repeat: int) -> list[dict]:
@@ -76,9 +86,16 @@ def bench_sections(number: int, repeat: int) -> list[dict]:
         ("detection_section() (caller file:line)", unnamed),
         ("reused section object (with held:)", held_object),
     ]:
-        cost = per_call_ns(fn, number, repeat) - base
+        runs = [cost - base for cost in per_call_ns_runs(fn, number, repeat)]
         wall = per_call_ns(fn, number, repeat, time.perf_counter) - base_wall
-        rows.append({"case": label, "ns_per_section": round(cost, 1), "wall_ns": round(wall, 1)})
+        rows.append(
+            {
+                "case": label,
+                "ns_per_section": round(min(runs), 1),
+                "ns_runs": [round(cost, 1) for cost in runs],
+                "wall_ns": round(wall, 1),
+            }
+        )
     Detector.set_profiling_interval(10)
     cost = per_call_ns(named_cpu, number, repeat) - base
     wall = per_call_ns(named_cpu, number, repeat, time.perf_counter) - base_wall
@@ -132,6 +149,7 @@ def bench_scoring(ranks: int, kernels: int, repeat: int) -> dict:
         "kernels_per_rank": kernels,
         "payload_kib_total": round(sum(map(len, payloads)) / 1024, 1),
         "rank0_ms_best": round(min(full) * 1e3, 2),
+        "rank0_ms_runs": [round(value * 1e3, 3) for value in full],
         "rank0_wall_ms_median": round(statistics.median(wall) * 1e3, 2),
         "formulas_ms_best": round(min(formulas) * 1e3, 2),
     }
