@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from resiliency.ft import (
@@ -80,11 +81,26 @@ class MonitorSet:
         return monitor
 
     def start_all(self) -> None:
-        """Start every monitor that is not running yet (idempotent)."""
-        for local_rank in range(self.local_world_size):
-            monitor = self._monitors.get(local_rank)
-            if monitor is None or not monitor.is_alive():
+        """Start every monitor that is not running yet (idempotent).
+
+        The monitors start concurrently: each one spends most of its start-up importing Python,
+        so starting them one after another would delay the first workers by that much per rank.
+
+        Raises:
+            FaultToleranceError: A monitor could not start (the others that did are kept).
+        """
+        missing = [
+            local_rank
+            for local_rank in range(self.local_world_size)
+            if local_rank not in self._monitors or not self._monitors[local_rank].is_alive()
+        ]
+        if len(missing) <= 1:
+            for local_rank in missing:
                 self._start_one(local_rank)
+            return
+        with ThreadPoolExecutor(max_workers=len(missing), thread_name_prefix="ft-monitor") as pool:
+            for future in [pool.submit(self._start_one, lr) for lr in missing]:
+                future.result()
 
     def worker_started(self, local_rank: int, pid: int, rank: int | None, restart: int) -> None:
         """Tell the monitor of ``local_rank`` about its new worker (arms the initial timer)."""
