@@ -11,7 +11,9 @@ import pytest
 from launcher_harness import WORKER
 
 
-def _run(args: list[str], marker_dir: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], marker_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -28,6 +30,7 @@ def _run(args: list[str], marker_dir: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -94,23 +97,7 @@ def test_failed_health_check_keeps_the_node_out(marker_dir: Path):
 def test_too_long_tmpdir_stops_before_any_worker(tmp_path: Path, marker_dir: Path):
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "resiliency.launcher",
-            "--nproc-per-node",
-            "2",
-            str(WORKER),
-            "--marker-dir",
-            str(marker_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "TMPDIR": str(deep)},
-    )
+    proc = _run([], marker_dir, env={"TMPDIR": str(deep)})
     assert proc.returncode == 2, proc.stderr
     assert "Set TMPDIR to a shorter directory" in proc.stderr
     assert list(marker_dir.iterdir()) == []
