@@ -116,8 +116,7 @@ class HotPath:
         Args:
             name: The section name (1 to 256 characters); sections may nest.
         """
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             self._not_connected("start_section")
             return
         if name in self._open:
@@ -127,16 +126,7 @@ class HotPath:
         if prefix is None:
             return
         self._open[name] = None
-        frame = prefix + b"%.6f}" % _monotonic()
-        if self._backlog:
-            self._send_section_event(frame)
-            return
-        try:
-            sock.send(frame, _SEND_FLAGS)
-        except BlockingIOError:
-            self._enqueue(frame)
-        except OSError as exc:
-            self._monitor_gone(exc)
+        self._send_section_event(prefix + b"%.6f}" % _monotonic())
 
     def end_section(self, name: str) -> None:
         """Close section ``name``. Never blocks, never raises.
@@ -144,24 +134,14 @@ class HotPath:
         Args:
             name: A section opened by :meth:`start_section`.
         """
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             self._not_connected("end_section")
             return
         if name not in self._open:
             self._warn_once(f"closed:{name}", "section %r ended but it is not open; ignored", name)
             return
         del self._open[name]
-        frame = self._se[name] + b"%.6f}" % _monotonic()
-        if self._backlog:
-            self._send_section_event(frame)
-            return
-        try:
-            sock.send(frame, _SEND_FLAGS)
-        except BlockingIOError:
-            self._enqueue(frame)
-        except OSError as exc:
-            self._monitor_gone(exc)
+        self._send_section_event(self._se[name] + b"%.6f}" % _monotonic())
 
     def end_all_sections(self) -> None:
         """Close every open section. Never blocks, never raises."""
