@@ -1,0 +1,130 @@
+"""What each injected fault did to the job, read back from the job's goodput ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from resiliency.simulator.runner import Injection
+
+__all__ = ["FaultOutcome", "format_table", "outcomes"]
+
+_DETECTION_EVENTS = frozenset({"hang_detected", "cycle_ended", "job_ended", "preempted"})
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """One fault, with the moments that matter, in seconds since the job started.
+
+    Attributes:
+        kind: the fault kind.
+        victim: what was hit (``rank 3``, ``node 1``, a directory).
+        injected_s: when it was injected; None when it could not be.
+        detected_s: the first hang, cycle end, preemption or job end after it, if any.
+        recovered_s: the first training step after detection, if any.
+        steps_lost: the steps done before the fault that were done again after it.
+        note: why it was not injected, or what was done.
+    """
+
+    kind: str
+    victim: str
+    injected_s: float | None
+    detected_s: float | None
+    recovered_s: float | None
+    steps_lost: int | None
+    note: str
+
+
+def _wall(event: Mapping[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def outcomes(
+    injections: list[Injection], events: Iterable[Mapping[str, Any]], t0_wall: float
+) -> list[FaultOutcome]:
+    """Match each injection with what the ledger says happened after it.
+
+    Args:
+        injections: what the runner injected, in order.
+        events: the job's ledger events (any order).
+        t0_wall: the job's start, wall-clock seconds.
+
+    Returns:
+        One outcome per injection.
+    """
+    timeline = sorted(((_wall(e), e) for e in events), key=lambda pair: pair[0])
+    result: list[FaultOutcome] = []
+    for inj in injections:
+        if inj.injected_wall is None or inj.error:
+            result.append(
+                FaultOutcome(inj.fault.kind, inj.victim, None, None, None, None, inj.error)
+            )
+            continue
+        at = inj.injected_wall
+        before = [int(e["step"]) for t, e in timeline if t <= at and e.get("event") == "step"]
+        detected = next(
+            (t for t, e in timeline if t > at and e.get("event") in _DETECTION_EVENTS), None
+        )
+        after = detected if detected is not None else at
+        first_step = next(
+            ((t, e) for t, e in timeline if t > after and e.get("event") == "step"), None
+        )
+        loaded = next(
+            (
+                int(e["step"])
+                for t, e in timeline
+                if after < t <= (first_step[0] if first_step else float("inf"))
+                and e.get("event") == "checkpoint_loaded"
+            ),
+            None,
+        )
+        lost: int | None = None
+        if before and first_step is not None:
+            resumed_from = loaded if loaded is not None else int(first_step[1]["step"]) - 1
+            lost = max(0, max(before) - resumed_from)
+        result.append(
+            FaultOutcome(
+                kind=inj.fault.kind,
+                victim=inj.victim,
+                injected_s=at - t0_wall,
+                detected_s=None if detected is None else detected - t0_wall,
+                recovered_s=None if first_step is None else first_step[0] - t0_wall,
+                steps_lost=lost,
+                note=inj.action,
+            )
+        )
+    return result
+
+
+def _cell(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def format_table(rows: list[FaultOutcome]) -> str:
+    """Render the outcomes as a fixed-width table, one row per fault."""
+    header = ("#", "fault", "victim", "injected s", "detected s", "recovered s", "steps lost")
+    lines = [header]
+    for i, row in enumerate(rows, 1):
+        lines.append(
+            (
+                str(i),
+                row.kind,
+                row.victim or "-",
+                _cell(row.injected_s),
+                _cell(row.detected_s),
+                _cell(row.recovered_s),
+                _cell(row.steps_lost),
+            )
+        )
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    text = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+    ]
+    for i, row in enumerate(rows, 1):
+        if row.injected_s is None:
+            text.append(f"  #{i} not injected: {row.note}")
+    return "\n".join(text)
