@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from resiliency.ft import (
+    NVRX_ONLY_KEYS,
     ConfigError,
     ConfigNotFoundError,
     FaultToleranceConfig,
@@ -23,6 +24,7 @@ from resiliency.ft.cli_args import GROUP_TITLE, field_flags
 SAMPLES: dict[str, tuple[str, object]] = {
     "workload_check_interval": ("0.5", 0.5),
     "initial_rank_heartbeat_timeout": ("null", None),
+    "rank_startup_timeout": ("600", 600.0),
     "rank_heartbeat_timeout": ("90", 90.0),
     "rank_section_timeouts": ("step:30,ckpt:null", {"step": 30.0, "ckpt": None}),
     "rank_out_of_section_timeout": ("12.5", 12.5),
@@ -90,7 +92,7 @@ def test_flags_are_generated_from_the_model_in_one_group() -> None:
     assert group.title == GROUP_TITLE
     group_flags = {flag for action in group._group_actions for flag in action.option_strings}
     expected = {"--fault-tol-cfg-path", "--ft-cfg-path", "--ignore-missing-fault-tol-cfg"}
-    for name in FaultToleranceConfig.model_fields:
+    for name in [*FaultToleranceConfig.model_fields, *NVRX_ONLY_KEYS]:
         expected.update(field_flags(name))
     assert group_flags == expected
     assert [g.title for g in parser._action_groups].count(GROUP_TITLE) == 1

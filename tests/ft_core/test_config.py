@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resiliency.ft import ConfigError, ConfigNotFoundError, FaultToleranceConfig
+from resiliency.ft import (
+    ConfigError,
+    ConfigNotFoundError,
+    FaultToleranceConfig,
+    add_ft_arguments,
+    config_from_args,
+)
 from resiliency.ft.config_reference import render_config_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -160,12 +167,13 @@ def test_every_unknown_key_is_reported() -> None:
     assert "did you mean 'workload_check_interval'" in message
 
 
-def test_a_setting_only_nvidias_tool_has_is_named_as_such() -> None:
-    with pytest.raises(ConfigError) as info:
-        FaultToleranceConfig(restart_check_interval=60)
-    message = str(info.value)
-    assert "a setting of NVIDIA's resiliency extension" in message and "remove it" in message
-    assert "did you mean" not in message
+def test_a_setting_only_nvidias_tool_has_is_accepted_with_a_warning(caplog) -> None:
+    # Issue 10: NVRx 0.4.x keys for features this toolkit lacks are accepted and ignored, with a
+    # warning that names them (formerly an error).
+    with caplog.at_level("WARNING", logger="resiliency.ft.config"):
+        cfg = FaultToleranceConfig(restart_check_interval=60, safety_factor=2)
+    assert cfg.safety_factor == 2
+    assert "restart_check_interval" in caplog.text and "no effect here" in caplog.text
 
 
 def test_unknown_key_without_close_match_lists_valid_keys() -> None:
@@ -408,3 +416,42 @@ def test_configuration_reference_lists_every_field_and_a_valid_example() -> None
     assert example is not None
     cfg = FaultToleranceConfig.from_dict(yaml.safe_load(example.group(1))["fault_tolerance"])
     assert cfg.rank_section_timeouts == {"step": 30.0, "checkpoint": None}
+
+
+def test_explicit_sigusr2_termination_moves_the_default_stack_dump_signal(caplog) -> None:
+    with caplog.at_level("INFO", logger="resiliency.ft.config"):
+        cfg = FaultToleranceConfig(rank_termination_signal="SIGUSR2")
+    assert cfg.rank_termination_signal == signal.SIGUSR2
+    assert cfg.stack_dump_signal == signal.SIGUSR1
+    assert "the stack dump uses SIGUSR1 instead" in caplog.text
+    # The moved value survives the trip to the monitor process.
+    assert FaultToleranceConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_two_explicit_conflicting_signals_are_still_an_error() -> None:
+    with pytest.raises(ConfigError, match="both SIGUSR2"):
+        FaultToleranceConfig(rank_termination_signal="SIGUSR2", stack_dump_signal="SIGUSR2")
+
+
+def test_empty_yaml_file_with_flags_uses_the_flags(tmp_path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    parser = argparse.ArgumentParser()
+    add_ft_arguments(parser)
+    args = parser.parse_args(["--ft-cfg-path", str(empty), "--ft-rank-heartbeat-timeout", "60"])
+    assert config_from_args(args).rank_heartbeat_timeout == 60.0
+    # No flag at all: still an error, as is a missing file or a file without the section.
+    with pytest.raises(ConfigNotFoundError, match="is empty"):
+        config_from_args(parser.parse_args(["--ft-cfg-path", str(empty)]))
+    with pytest.raises(ConfigNotFoundError, match="does not exist"):
+        config_from_args(
+            parser.parse_args(
+                ["--ft-cfg-path", str(tmp_path / "nope.yaml"), "--ft-safety-factor", "2"]
+            )
+        )
+    other = tmp_path / "other.yaml"
+    other.write_text("trainer: {max_steps: 3}\n")
+    with pytest.raises(ConfigNotFoundError, match="has no 'fault_tolerance' section"):
+        config_from_args(
+            parser.parse_args(["--ft-cfg-path", str(other), "--ft-safety-factor", "2"])
+        )

@@ -39,14 +39,14 @@ def _assert_killed(monitor, rank, timer: str, function: str | None, signal_name:
 
 def test_rank_that_hangs_during_import_is_killed(start_monitor, spawn_rank, tmp_path):
     (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(120)\n")
-    monitor = start_monitor(initial_rank_heartbeat_timeout=1.0)
+    monitor = start_monitor(rank_startup_timeout=1.0)
     started = time.monotonic()
     rank = spawn_rank("import slow_module\n", monitor, prelude=False)
-    hang = _assert_killed(monitor, rank, "initial", None)
-    # Armed at spawn (worker_started), not at connect: the rank never connected at all.
+    hang = _assert_killed(monitor, rank, "startup", None)
+    # The startup timer runs from the spawn (worker_started): the rank never connected at all.
     assert 1.0 < hang.elapsed < 6.0
     assert time.monotonic() - started < 10.0
-    assert "no first heartbeat or section since the worker was started" in monitor.log()
+    assert "has not called init_workload_monitoring() since it was started" in monitor.log()
     assert not any(e.kind == "rank_connected" for e in monitor.events)
 
 
@@ -215,3 +215,51 @@ def test_launcher_stopping_the_worker_disarms_its_timers(start_monitor, spawn_ra
     events = monitor.drain(1.5)
     assert not any(e.kind == "hang" for e in events)
     assert rank.popen.poll() is None
+
+
+def test_late_connecting_rank_that_exits_without_heartbeat_is_not_hung(start_monitor, spawn_rank):
+    # Issue 10's failure mode: initial_rank_heartbeat_timeout 3 s, a rank whose imports take
+    # longer than that before init_workload_monitoring(), which then exits 0 without ever sending
+    # a heartbeat. The initial timer runs from the connection, so this is not a hang.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=3.0, rank_startup_timeout=60.0)
+    rank = spawn_rank(
+        """
+        import time
+        time.sleep(4.0)  # slow imports, longer than the initial-heartbeat timeout
+        from resiliency.ft import RankMonitorClient
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        time.sleep(0.5)
+        client.shutdown_workload_monitoring()
+        """,
+        monitor,
+        prelude=False,
+    )
+    assert rank.wait(30) == 0
+    events = monitor.drain(1.0)
+    assert not any(e.kind in ("hang", "killed") for e in events), monitor.log()
+    assert any(e.kind == "rank_connected" for e in events)
+
+
+def test_initial_timer_runs_from_the_connection(start_monitor, spawn_rank):
+    monitor = start_monitor(initial_rank_heartbeat_timeout=1.5, rank_startup_timeout=60.0)
+    rank = spawn_rank(
+        """
+        import time
+        time.sleep(2.5)  # longer than the initial timeout, before connecting: not counted
+        from resiliency.ft import RankMonitorClient
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+
+        def never_sends_a_heartbeat():
+            time.sleep(120)
+
+        never_sends_a_heartbeat()
+        """,
+        monitor,
+        prelude=False,
+    )
+    hang = _assert_killed(monitor, rank, "initial", "never_sends_a_heartbeat")
+    # Counted from init_workload_monitoring(), so the 2.5 s of "imports" are not in it.
+    assert 1.5 < hang.elapsed < 2.5 + 1.5
+    assert "no first heartbeat or section since init_workload_monitoring()" in monitor.log()

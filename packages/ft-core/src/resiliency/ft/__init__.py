@@ -1,5 +1,6 @@
 """resiliency.ft: see packages/ft-core/README.md."""
 
+from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
 from resiliency.ft.cli_args import add_ft_arguments, config_from_args
 from resiliency.ft.client import IPC_SOCKET_ENV, RankMonitorClient
 from resiliency.ft.config import FaultToleranceConfig
@@ -13,6 +14,12 @@ from resiliency.ft.errors import (
     ProtocolError,
     ProtocolVersionError,
     StateDictError,
+)
+from resiliency.ft.fault_hook import (
+    FAULT_HOOK_ENV,
+    FAULT_HOOK_SIGNALS,
+    SimulatedCrash,
+    install_fault_hook,
 )
 from resiliency.ft.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from resiliency.ft.socket_dir import create_socket_dir, socket_path_for, stack_dump_path_for
@@ -31,8 +38,11 @@ from resiliency.ft.timeouts import (
 from resiliency.ft.workload import WorkloadAction, WorkloadControlRequest
 
 __all__ = [
+    "FAULT_HOOK_ENV",
+    "FAULT_HOOK_SIGNALS",
     "IPC_SOCKET_ENV",
     "MAX_FRAME_BYTES",
+    "NVRX_ONLY_KEYS",
     "PROTOCOL_VERSION",
     "ConfigError",
     "ConfigNotFoundError",
@@ -49,6 +59,7 @@ __all__ = [
     "RankMonitorClient",
     "RankMonitorServer",
     "SectionTimeouts",
+    "SimulatedCrash",
     "StateDictError",
     "WorkloadAction",
     "WorkloadControlRequest",
@@ -57,6 +68,7 @@ __all__ = [
     "calculate_section_timeouts",
     "config_from_args",
     "create_socket_dir",
+    "install_fault_hook",
     "merge_loaded_timeouts",
     "socket_path_for",
     "stack_dump_path_for",

@@ -17,7 +17,8 @@ class ExpiredTimer:
     """A timer that ran out.
 
     Attributes:
-        timer: ``"initial"``, ``"heartbeat"``, ``"section:<name>"`` or ``"out_of_section"``.
+        timer: ``"startup"``, ``"initial"``, ``"heartbeat"``, ``"section:<name>"`` or
+            ``"out_of_section"``.
         elapsed: Seconds since the timer started.
         limit: The timeout, in seconds.
     """
@@ -34,8 +35,13 @@ class ExpiredTimer:
     def describe(self) -> str:
         """Say in words which timer expired and by how much."""
         times = f"{self.elapsed:.1f} s, limit {self.limit:.1f} s ({self.overdue:.1f} s over)"
+        if self.timer == "startup":
+            return (
+                "the worker has not called init_workload_monitoring() since it was started: "
+                f"{times} (rank_startup_timeout)"
+            )
         if self.timer == "initial":
-            return f"no first heartbeat or section since the worker was started: {times}"
+            return f"no first heartbeat or section since init_workload_monitoring(): {times}"
         if self.timer == "heartbeat":
             return f"no heartbeat for {times}"
         if self.timer == "out_of_section":
@@ -66,19 +72,31 @@ def _longer(current: float | None, value: float) -> float:
 class RankWatch:
     """Timers of one worker, from the moment the monitor learns its pid.
 
+    Until the rank connects (``init_workload_monitoring()``) only the startup timer runs, from
+    ``armed_at``; from the connection to the first heartbeat or section the initial timer runs.
+
     Args:
         pid: The worker's pid.
         rank: Its global rank, if known.
-        armed_at: When the initial timer starts (the worker's spawn, as the monitor learned it).
+        armed_at: When the startup timer starts (the worker's spawn, as the monitor learned it).
         observations: Where observed intervals are accumulated.
+        startup_timeout: Limit from ``armed_at`` to the connection (None: no limit).
     """
 
     def __init__(
-        self, pid: int | None, rank: int | None, armed_at: float, observations: Observations
+        self,
+        pid: int | None,
+        rank: int | None,
+        armed_at: float,
+        observations: Observations,
+        *,
+        startup_timeout: float | None = None,
     ) -> None:
         self.pid = pid
         self.rank = rank
         self.armed_at = armed_at
+        self.startup_timeout = startup_timeout
+        self.connected_at: float | None = None
         self._obs = observations
         self.progressed = False
         self.last_heartbeat: float | None = None
@@ -87,10 +105,16 @@ class RankWatch:
         self.used_sections = False
         self.last_section_end: float | None = None
 
+    def on_connect(self, ts: float) -> None:
+        """Record that the rank connected (``init_workload_monitoring()``) at ``ts``."""
+        if self.connected_at is None:
+            self.connected_at = ts
+
     def _progress(self, ts: float) -> None:
         if not self.progressed:
             self.progressed = True
-            self._obs.initial = _longer(self._obs.initial, max(0.0, ts - self.armed_at))
+            start = self.armed_at if self.connected_at is None else self.connected_at
+            self._obs.initial = _longer(self._obs.initial, max(0.0, ts - start))
 
     def on_heartbeat(self, ts: float) -> None:
         """Record a heartbeat sent at ``ts``."""
@@ -141,8 +165,11 @@ class RankWatch:
         """Every running timer as (name, start time, limit)."""
         timers = []
         if not self.progressed:
-            if hb.initial is not None:
-                timers.append(("initial", self.armed_at, hb.initial))
+            if self.connected_at is None:
+                if self.startup_timeout is not None:
+                    timers.append(("startup", self.armed_at, self.startup_timeout))
+            elif hb.initial is not None:
+                timers.append(("initial", self.connected_at, hb.initial))
             return timers
         if self.last_heartbeat is not None and hb.subsequent is not None:
             timers.append(("heartbeat", self.last_heartbeat, hb.subsequent))

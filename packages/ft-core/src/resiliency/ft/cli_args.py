@@ -20,9 +20,12 @@ import types
 import typing
 from typing import Any
 
+from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
 from resiliency.ft.config import (
+    SECTION_KEY,
     FaultToleranceConfig,
     _closest_key,
+    _EmptyConfigFileError,
     _format_validation_error,
     _InvalidConfigError,
     _load_yaml_section,
@@ -150,13 +153,21 @@ def add_ft_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
             metavar=_metavar(name),
             help=f"{description} (default: {_default_text(name)})",
         )
+    for name, reason in NVRX_ONLY_KEYS.items():
+        group.add_argument(
+            *field_flags(name),
+            dest=_dest(name),
+            default=argparse.SUPPRESS,
+            metavar="VALUE",
+            help=f"Accepted for NVIDIA's resiliency extension; no effect here ({reason}).",
+        )
     _install_typo_hint(parser)
     return group
 
 
 def _all_ft_flags() -> list[str]:
     flags = [*CFG_PATH_FLAGS, IGNORE_MISSING_CFG_FLAG]
-    for name in FaultToleranceConfig.model_fields:
+    for name in [*FaultToleranceConfig.model_fields, *NVRX_ONLY_KEYS]:
         flags.extend(field_flags(name))
     return flags
 
@@ -212,8 +223,8 @@ def _parse_section_timeouts(raw: str) -> dict[str, str | None]:
 
 
 def _flag_value(name: str, raw: Any) -> Any:
-    if not isinstance(raw, str):
-        return raw  # set programmatically on the namespace; let the model judge it
+    if not isinstance(raw, str) or name in NVRX_ONLY_KEYS:
+        return raw  # programmatic values go to the model as they are; NVRx-only ones are dropped
     annotation = FaultToleranceConfig.model_fields[name].annotation
     if _is_mapping(annotation):
         return _parse_section_timeouts(raw)
@@ -224,7 +235,7 @@ def _flag_value(name: str, raw: Any) -> Any:
 
 def _flag_values(namespace: argparse.Namespace) -> dict[str, Any]:
     values = {}
-    for name in FaultToleranceConfig.model_fields:
+    for name in [*FaultToleranceConfig.model_fields, *NVRX_ONLY_KEYS]:
         dest = _dest(name)
         if hasattr(namespace, dest):
             values[name] = _flag_value(name, getattr(namespace, dest))
@@ -253,9 +264,19 @@ def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
     path = getattr(namespace, CFG_PATH_DEST, None)
     ignore_missing = bool(getattr(namespace, IGNORE_MISSING_CFG_DEST, False))
     base: dict[str, Any] = {}
+    flags = _flag_values(namespace)
     if path:
         try:
             section = _load_yaml_section(path)
+        except _EmptyConfigFileError as exc:
+            # As in NVIDIA's resiliency extension: an empty file plus flags means "flags and
+            # defaults"; an empty file and no flag at all is still an error.
+            if not flags and not ignore_missing:
+                raise ConfigNotFoundError(
+                    f"{exc}, and no fault-tolerance flag was given; add a '{SECTION_KEY}:' "
+                    f"section, give --ft-* flags, or pass {IGNORE_MISSING_CFG_FLAG}"
+                ) from None
+            logger.info("%s; using the defaults and the --ft-* flags", exc)
         except ConfigNotFoundError as exc:
             if not ignore_missing:
                 raise
@@ -268,7 +289,6 @@ def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
             base = file_cfg.model_dump(exclude_unset=True)
             logger.debug("fault-tolerance config from %s: %s", path, base)
 
-    flags = _flag_values(namespace)
     merged = dict(base)
     for name, value in flags.items():
         if isinstance(value, dict) and isinstance(merged.get(name), dict):

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -36,6 +36,9 @@ from resiliency.ft._config_values import (
     Signal,
     reject_bool,
 )
+from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS, drop_nvrx_only_keys
+from resiliency.ft._yaml_section import find_sections as _find_sections
+from resiliency.ft._yaml_section import format_location as _format_location
 from resiliency.ft.errors import ConfigError, ConfigNotFoundError
 
 if TYPE_CHECKING:
@@ -47,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 SECTION_KEY = "fault_tolerance"
 """The YAML key under which the configuration lives."""
+
+# Stack-dump signals, in order of preference, when the default collides with the termination one.
+_DUMP_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)
 
 
 class FaultToleranceConfig(BaseModel):
@@ -72,8 +78,17 @@ class FaultToleranceConfig(BaseModel):
     )
     initial_rank_heartbeat_timeout: Seconds | None = Field(
         3600.0,
-        description="Longest time from the worker's spawn to its first heartbeat or section "
-        "start; covers imports and initialization. null: no timeout.",
+        description="Longest time from the rank's init_workload_monitoring() (its connection "
+        "to the monitor) to its first heartbeat or section start, as in NVIDIA's resiliency "
+        "extension. Time before the connection is covered by rank_startup_timeout. "
+        "null: no timeout.",
+    )
+    rank_startup_timeout: Seconds | None = Field(
+        3600.0,
+        description="Longest time from the worker's spawn to its init_workload_monitoring(); "
+        "catches a rank that hangs in imports or setup before it ever connects. Generous on "
+        "purpose: a slow import must never look like a hang. null: no timeout (a script that "
+        "never connects then runs unwatched).",
     )
     rank_heartbeat_timeout: Seconds | None = Field(
         2700.0,
@@ -149,6 +164,7 @@ class FaultToleranceConfig(BaseModel):
     @classmethod
     def _check_keys(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
+            data = drop_nvrx_only_keys(data)
             unknown = [key for key in data if key not in cls.model_fields]
             if unknown:
                 raise ValueError(_unknown_keys_message(unknown))
@@ -162,6 +178,17 @@ class FaultToleranceConfig(BaseModel):
                 "use e.g. SIGUSR2"
             )
         if self.enable_stack_dump and self.stack_dump_signal == self.rank_termination_signal:
+            if "stack_dump_signal" not in self.model_fields_set:
+                # Only the default collides with an explicit choice: the default gives way.
+                free = next(s for s in _DUMP_SIGNALS if s != self.rank_termination_signal)
+                logger.info(
+                    "rank_termination_signal is %s, the default stack_dump_signal; the stack "
+                    "dump uses %s instead",
+                    self.rank_termination_signal.name,
+                    free.name,
+                )
+                self.__dict__["stack_dump_signal"] = free
+                return self
             raise ValueError(
                 f"stack_dump_signal and rank_termination_signal are both "
                 f"{self.stack_dump_signal.name}: the termination signal would only dump stacks; "
@@ -203,7 +230,35 @@ class FaultToleranceConfig(BaseModel):
             raise ConfigError(f"{source}: {message}" if source else message) from None
 
     @classmethod
-    def from_yaml_file(cls, path: str | os.PathLike[str]) -> FaultToleranceConfig:
+    def from_kwargs(
+        cls, ignore_not_recognized: bool = False, **kwargs: Any
+    ) -> FaultToleranceConfig:
+        """Build a configuration from keyword arguments, as NVIDIA's resiliency extension does.
+
+        Unlike that tool, whose default drops unknown names silently, an unknown name is an
+        error unless ``ignore_not_recognized=True`` is passed; then each unknown name is dropped
+        with a warning that names the closest valid key. Its settings this toolkit lacks
+        (``restart_check_interval``, ...) are always accepted with a warning.
+
+        Args:
+            ignore_not_recognized: drop unknown names (with a warning) instead of failing.
+            **kwargs: settings by name.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: a value is invalid, or a name is unknown and not ignored. It is a
+                ``ValueError``, as the other tool raises.
+        """
+        if ignore_not_recognized:
+            kwargs = _drop_unknown(kwargs, "from_kwargs")
+        return cls.from_dict(kwargs)
+
+    @classmethod
+    def from_yaml_file(
+        cls, path: str | os.PathLike[str], ignore_not_recognized: bool = False
+    ) -> FaultToleranceConfig:
         """Load the ``fault_tolerance`` section of a YAML file.
 
         The section may sit at the top level or nested at any depth (inside mappings or lists).
@@ -213,6 +268,9 @@ class FaultToleranceConfig(BaseModel):
 
         Args:
             path: the YAML file.
+            ignore_not_recognized: drop unknown keys with a warning each (naming the closest
+                valid key) instead of failing. NVIDIA's resiliency extension defaults to True
+                and drops them silently; here the default is False.
 
         Returns:
             The validated configuration.
@@ -222,6 +280,8 @@ class FaultToleranceConfig(BaseModel):
                 than one) ``fault_tolerance`` section, or the section is invalid.
         """
         section = _load_yaml_section(path)
+        if ignore_not_recognized and isinstance(section, Mapping):
+            section = _drop_unknown(section, str(path))
         return cls.from_dict(section, source=str(path))
 
     @classmethod
@@ -298,6 +358,25 @@ class FaultToleranceConfig(BaseModel):
             raise ConfigError(f"cannot write the fault-tolerance config to {path}: {exc}") from exc
 
 
+def _drop_unknown(data: Mapping[Any, Any], source: str) -> dict[Any, Any]:
+    valid = FaultToleranceConfig.model_fields
+    kept = {}
+    for key, value in data.items():
+        if key in valid or key in NVRX_ONLY_KEYS:
+            kept[key] = value
+        else:
+            logger.warning(
+                "%s: %s; ignored (ignore_not_recognized=True)",
+                source,
+                _unknown_keys_message([key]),
+            )
+    return kept
+
+
+class _EmptyConfigFileError(ConfigNotFoundError):
+    """The config file holds nothing at all (no YAML document)."""
+
+
 class _InvalidConfigError(ConfigError):
     """A ConfigError that keeps pydantic's structured errors, so callers can relabel fields."""
 
@@ -334,6 +413,10 @@ def _load_yaml_section(path: str | os.PathLike[str]) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"fault-tolerance config file {file} is not valid YAML: {exc}") from exc
 
+    if tree is None:
+        raise _EmptyConfigFileError(
+            f"fault-tolerance config file {file} is empty: it has no '{SECTION_KEY}' section"
+        )
     found = list(_find_sections(tree, ()))
     if not found:
         hint = ""
@@ -356,26 +439,6 @@ def _load_yaml_section(path: str | os.PathLike[str]) -> Any:
     return {} if section is None else section
 
 
-def _find_sections(
-    node: Any, location: tuple[str | int, ...]
-) -> Iterator[tuple[tuple[str | int, ...], Any]]:
-    # Depth-first over mappings and lists; the search does not descend into a found section.
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key == SECTION_KEY:
-                yield (*location, key), value
-            else:
-                yield from _find_sections(value, (*location, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _find_sections(value, (*location, index))
-
-
-def _format_location(location: tuple[str | int, ...]) -> str:
-    parts = [f"[{part}]" if isinstance(part, int) else f".{part}" for part in location]
-    return "".join(parts).lstrip(".")
-
-
 def _closest_key(key: str, choices: list[str]) -> str | None:
     """Return the valid name closest to a mistyped one, or None when nothing is close.
 
@@ -390,22 +453,12 @@ def _closest_key(key: str, choices: list[str]) -> str | None:
     return matches[0] if matches else None
 
 
-# Settings of NVIDIA's resiliency extension that have no counterpart here: a look-alike valid key
-# (restart_check_interval ~ workload_check_interval) would be a misleading suggestion.
-_FOREIGN_KEYS = frozenset({"restart_check_interval", "enable_nic_monitor", "skip_section_response"})
-
-
 def _unknown_keys_message(keys: list[Any]) -> str:
     valid = list(FaultToleranceConfig.model_fields)
     parts = []
     for key in keys:
         close = _closest_key(str(key), valid)
-        if str(key) in _FOREIGN_KEYS:
-            parts.append(
-                f"unknown key {str(key)!r}: a setting of NVIDIA's resiliency extension that this "
-                "toolkit does not have; remove it (docs/coming_from_nvidia_resiliency_ext.md)"
-            )
-        elif close:
+        if close:
             parts.append(f"unknown key {str(key)!r}; did you mean {close!r}?")
         else:
             parts.append(f"unknown key {str(key)!r}; valid keys are: {', '.join(valid)}")

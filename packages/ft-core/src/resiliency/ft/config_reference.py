@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
 from resiliency.ft.cli_args import (
     CFG_PATH_FLAGS,
     IGNORE_MISSING_CFG_FLAG,
@@ -92,14 +93,18 @@ def render_config_reference() -> str:
         f"2. a YAML file given with `{CFG_PATH_FLAGS[0]}` (or `{CFG_PATH_FLAGS[1]}`): its"
         f" `{SECTION_KEY}` section, at the top level or nested at any depth (exactly one such"
         " section; a file without it is an error unless"
-        f" `{IGNORE_MISSING_CFG_FLAG}` is given, which also covers a missing file);",
+        f" `{IGNORE_MISSING_CFG_FLAG}` is given, which also covers a missing file; an empty"
+        " file is accepted when flags are given);",
         f"3. flags: every field `some_name` has two spellings, `--ft-param-some_name` and"
         f" `--ft-some-name` (e.g. `{snake}` and `{kebab}`). `rank_section_timeouts` flags are"
         " merged into the file's sections, one section at a time.",
         "",
-        "In Python, `FaultToleranceConfig(**kwargs)` builds it directly;"
-        " `FaultToleranceConfig.from_yaml_file(path)`, `.to_yaml_file(path)`, `.to_json()` and"
-        " `FaultToleranceConfig.from_json(text)` read and write it.",
+        "In Python, `FaultToleranceConfig(**kwargs)` (or `FaultToleranceConfig.from_kwargs("
+        "ignore_not_recognized=False, **kwargs)`) builds it directly;"
+        " `FaultToleranceConfig.from_yaml_file(path, ignore_not_recognized=False)`,"
+        " `.to_yaml_file(path)`, `.to_json()` and `FaultToleranceConfig.from_json(text)` read and"
+        " write it. With `ignore_not_recognized=True` unknown keys are dropped with a warning"
+        " each.",
         "",
         "| field | type | default | description |",
         "|---|---|---|---|",
@@ -110,6 +115,14 @@ def render_config_reference() -> str:
             f" | {_cell(field.description or '')} |"
         )
     lines += [
+        "",
+        "Settings of NVIDIA's resiliency extension (0.4.x) that this toolkit does not have are"
+        " accepted in the file, as keyword arguments and as flags, and ignored with one warning"
+        " each:",
+        "",
+        "| setting | why it has no effect here |",
+        "|---|---|",
+        *(f"| `{key}` | {_cell(why)} |" for key, why in NVRX_ONLY_KEYS.items()),
         "",
         "Example file:",
         "",

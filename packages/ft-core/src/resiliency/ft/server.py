@@ -211,11 +211,14 @@ class RankMonitorServer(SocketLoop):
                 f"pid {conn.creds.pid} is neither the worker this monitor watches "
                 f"(pid {worker}) nor one of its children"
             )
+        now = time.monotonic()
         if worker is None or self._watch is None:
             # Not announced yet (or reconnecting after 'bye'): this rank is the worker.
-            self._start_worker(worker or conn.creds.pid, msg.get("rank"), time.monotonic())
-        if msg.get("rank") is not None and self._watch is not None:
-            self._watch.rank = msg["rank"]
+            self._start_worker(worker or conn.creds.pid, msg.get("rank"), now)
+        if self._watch is not None:
+            self._watch.on_connect(now)  # the initial-heartbeat timer starts here
+            if msg.get("rank") is not None:
+                self._watch.rank = msg["rank"]
         conn.generation = self._generation
         return None
 
@@ -357,14 +360,13 @@ class RankMonitorServer(SocketLoop):
         self._worker_pid = pid
         self._dump_ready = False
         self._worker_start_time = process_start_time(pid)
-        self._watch = RankWatch(pid, rank, now, self._obs)
+        startup = self.cfg.rank_startup_timeout
+        self._watch = RankWatch(pid, rank, now, self._obs, startup_timeout=startup)
         self._next_liveness = now + _LIVENESS_EVERY_S
-        limit = self.hb_timeouts.initial
         logger.info(
-            "watching %s (restart %d); %s",
-            self._who(),
-            restart,
-            "no initial timeout" if limit is None else f"first heartbeat due within {limit:.1f} s",
+            "watching %s (restart %d); limits: connect %s s after spawn, first heartbeat %s s "
+            "after connect",
+            *(self._who(), restart, startup, self.hb_timeouts.initial),
         )
 
     def _stop_worker(self) -> None:
