@@ -53,7 +53,9 @@ def test_sigterm_with_workers_ignoring_it_kills_them_after_term_timeout(launch, 
     launcher.signal(signal.SIGTERM)
     code = launcher.wait(20)
     took = time.monotonic() - start
-    assert code == 128 + signal.SIGTERM, launcher.log()
+    # NVIDIA's ft_launcher and torchrun exit 1 here (issue 10), not 128 + SIGTERM.
+    assert code == 1, launcher.log()
+    assert "exits 1 (signal)" in launcher.log()
     assert took >= 1.4, took
     assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
     assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))

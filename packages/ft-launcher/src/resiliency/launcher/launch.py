@@ -223,7 +223,9 @@ def _outcome_after_signal(agent: FtElasticAgent, sig: signal.Signals) -> Outcome
     )
     if clean:
         return Outcome(ExitCode.SUCCESS, "signal_clean", detail)
-    return Outcome(ExitCode.for_signal(sig), "signal", detail)
+    # As NVIDIA's ft_launcher (and torchrun): a signal that did not end every worker cleanly is
+    # a failure, exit code 1, not 128+N.
+    return Outcome(ExitCode.FAILURE, "signal", detail)
 
 
 def _report(agent: FtElasticAgent, outcome: Outcome, status_file: str | None) -> None:
