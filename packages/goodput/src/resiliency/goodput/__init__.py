@@ -1,0 +1,35 @@
+"""resiliency.goodput: the goodput event ledger, its writer, and the calculator.
+
+Stdlib only; matplotlib (the ``plot`` extra) only to draw timelines. See ``docs/goodput.md``.
+"""
+
+from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
+from resiliency.goodput.errors import GoodputError, MissingDependencyError
+from resiliency.goodput.ledger import Event, Ledger, read_ledger
+from resiliency.goodput.recorder import DIR_ENV, Recorder, get_recorder, ledger_path
+from resiliency.goodput.schema import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    render_schema_reference,
+    validate_event,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "DIR_ENV",
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "Breakdown",
+    "Event",
+    "GoodputError",
+    "Ledger",
+    "MissingDependencyError",
+    "Recorder",
+    "Report",
+    "compute",
+    "get_recorder",
+    "ledger_path",
+    "read_ledger",
+    "render_schema_reference",
+    "validate_event",
+]

@@ -1,0 +1,7 @@
+"""``python -m resiliency.goodput`` is ``resiliency-goodput``."""
+
+import sys
+
+from resiliency.goodput.cli import main
+
+sys.exit(main())

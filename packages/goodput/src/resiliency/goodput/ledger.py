@@ -1,0 +1,269 @@
+"""Reading ledgers: a streaming JSONL reader that warns (file and line) and goes on.
+
+A ledger is a directory of ``*.jsonl`` files (one per node) or a list of files. Lines are
+validated against the schema; a malformed line, an unknown event type, a newer schema version
+or a truncated last line gives one warning naming the file and line, and the line is skipped.
+Events of every file are merged by wall time. Google Cloud Resiliency logs (lines with
+``event_type``) are recognised per file and converted (see `resiliency.goodput.google`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resiliency.goodput._time import parse_time
+from resiliency.goodput.errors import GoodputError
+from resiliency.goodput.google import GoogleLog, convert_google_line
+from resiliency.goodput.schema import EVENT_TYPES, SCHEMA_VERSION, validate_event
+
+CHUNK_LINES = 4096
+CLOCK_TOLERANCE_S = 1.0
+MAX_WARNINGS_PER_FILE = 20
+
+
+@dataclass
+class Event:
+    """One ledger event (all but ``step``): wall time (epoch seconds), type, line and origin."""
+
+    time: float
+    event: str
+    data: dict[str, Any]
+    source: str
+    line: int
+
+    @property
+    def node(self) -> str:
+        return str(self.data.get("node", ""))
+
+    @property
+    def attempt(self) -> int:
+        return int(self.data.get("attempt") or 0)
+
+
+@dataclass
+class Ledger:
+    """The merged content of a ledger.
+
+    ``events`` holds every event but steps, sorted by time; ``steps`` holds
+    ``(time, step, attempt)`` of the step events, sorted by time (there can be a million).
+    """
+
+    events: list[Event] = field(default_factory=list)
+    steps: list[tuple[float, int, int]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    jobs: set[str] = field(default_factory=set)
+    files: list[str] = field(default_factory=list)
+    google: GoogleLog | None = None
+    lines: int = 0
+
+
+def ledger_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The ``*.jsonl`` files of every directory in ``paths``, and every file named."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.glob("*.jsonl") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise GoodputError(f"no such ledger file or directory: {path}")
+    return files
+
+
+def _problem(obj: Any) -> str | None:
+    """Why a line is skipped, or None for a valid event of a version this reader knows."""
+    if not isinstance(obj, dict):
+        return "not a JSON object; skipped"
+    schema = obj.get("schema")
+    if isinstance(schema, int) and schema > SCHEMA_VERSION:
+        return (
+            f"schema version {schema} is newer than this reader's ({SCHEMA_VERSION}); "
+            "line skipped (upgrade resiliency-goodput)"
+        )
+    if obj.get("event") not in EVENT_TYPES and isinstance(obj.get("event"), str):
+        return f"unknown event type {obj['event']!r} skipped"
+    problem = validate_event(obj)
+    return None if problem is None else f"invalid event skipped: {problem}"
+
+
+class _FileReader:
+    """Reads one file into a `Ledger`, warning with file and line number."""
+
+    def __init__(self, path: Path, ledger: Ledger) -> None:
+        self.path = path
+        self.name = str(path)
+        self.ledger = ledger
+        self.warned = 0
+        self.google: bool | None = None
+
+    def warn(self, line: int, message: str) -> None:
+        self.warned += 1
+        if self.warned <= MAX_WARNINGS_PER_FILE:
+            self.ledger.warnings.append(f"{self.name}:{line}: {message}")
+        elif self.warned == MAX_WARNINGS_PER_FILE + 1:
+            self.ledger.warnings.append(f"{self.name}: more problems; not shown")
+
+    def read(self, progress: Callable[[int], None] | None) -> None:
+        with self.path.open("rb") as stream:
+            number = 0
+            chunk: list[tuple[int, bytes]] = []
+            for raw in stream:
+                number += 1
+                chunk.append((number, raw))
+                if len(chunk) >= CHUNK_LINES:
+                    self._chunk(chunk, last=False)
+                    if progress is not None:
+                        progress(sum(len(r) for _, r in chunk))
+                    chunk = []
+            if chunk:
+                self._chunk(chunk, last=True)
+                if progress is not None:
+                    progress(sum(len(r) for _, r in chunk))
+            self.ledger.lines += number
+
+    def _chunk(self, chunk: list[tuple[int, bytes]], last: bool) -> None:
+        truncated = last and not chunk[-1][1].endswith(b"\n")
+        body = [raw.strip() for _, raw in chunk]
+        try:  # one parse for the whole chunk: much faster than a parse per line
+            objs = json.loads(b"[" + b",".join(b for b in body if b) + b"]")
+            numbers = [n for (n, _), b in zip(chunk, body, strict=True) if b]
+        except ValueError:
+            objs, numbers = [], []
+            for (n, raw), text in zip(chunk, body, strict=True):
+                if not text:
+                    continue
+                try:
+                    objs.append(json.loads(text))
+                    numbers.append(n)
+                except ValueError as exc:
+                    if truncated and n == chunk[-1][0]:
+                        self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
+                    else:
+                        reason = getattr(exc, "msg", str(exc))
+                        self.warn(n, f"malformed line skipped ({reason}): {text[:80]!r}")
+        for n, obj in zip(numbers, objs, strict=True):
+            self._add(n, obj)
+
+    def _fast_step(self, n: int, obj: Any) -> bool:
+        """Take a well-formed step line the quick way; False for anything else."""
+        if type(obj) is dict and obj.get("event") == "step" and obj.get("schema") == SCHEMA_VERSION:
+            step, attempt = obj.get("step"), obj.get("attempt")
+            if type(step) is int and type(attempt) is int:
+                try:
+                    self.ledger.steps.append((parse_time(obj["time"]), step, attempt))
+                except (KeyError, ValueError) as exc:
+                    self.warn(n, f"bad time skipped: {exc}")
+                return True
+        return False
+
+    def _add(self, n: int, obj: Any) -> None:
+        ledger = self.ledger
+        if self._fast_step(n, obj):
+            return
+        if self.google is None and isinstance(obj, dict):
+            self.google = "event_type" in obj and "event" not in obj
+        if self.google:
+            self._add_google(n, obj)
+            return
+        problem = _problem(obj)
+        if problem is None:
+            try:
+                when = parse_time(obj["time"])
+            except ValueError as exc:
+                problem = f"bad time skipped: {exc}"
+        if problem is not None:
+            self.warn(n, problem)
+            return
+        ledger.jobs.add(obj["job"])
+        if obj["event"] == "step":
+            ledger.steps.append((when, obj["step"], obj["attempt"]))
+        else:
+            ledger.events.append(Event(when, obj["event"], obj, self.name, n))
+
+    def _add_google(self, n: int, obj: Any) -> None:
+        if self.ledger.google is None:
+            self.ledger.google = GoogleLog()
+        try:
+            converted = convert_google_line(obj, self.ledger.google)
+        except ValueError as exc:
+            self.warn(n, f"Google log line skipped: {exc}")
+            return
+        for when, event, data in converted:
+            self.ledger.jobs.add(str(data.get("job", "")))
+            if event == "step":
+                self.ledger.steps.append((when, data["step"], data["attempt"]))
+            else:
+                self.ledger.events.append(Event(when, event, data, self.name, n))
+
+
+def _check_clocks(ledger: Ledger) -> None:
+    """Warn about events dated before the start of their own cycle (a node's clock is off)."""
+    starts: dict[int, Event] = {}
+    for ev in ledger.events:
+        if ev.event == "cycle_started":
+            cycle = int(ev.data.get("cycle", ev.attempt))
+            if cycle not in starts or ev.time < starts[cycle].time:
+                starts[cycle] = ev
+    for ev in ledger.events:
+        start = starts.get(ev.attempt)
+        if start is None or ev.event in ("cycle_started", "job_started", "job_scheduled"):
+            continue
+        if ev.source != start.source and ev.time < start.time - CLOCK_TOLERANCE_S:
+            ledger.warnings.append(
+                f"{ev.source}:{ev.line}: clocks out of order across nodes: {ev.event} of "
+                f"attempt {ev.attempt} is dated {start.time - ev.time:.1f} s before that "
+                f"attempt's cycle_started ({start.source}:{start.line}); events are merged by "
+                "wall time, check the nodes' clock synchronisation"
+            )
+
+
+def read_ledger(
+    paths: Iterable[str | os.PathLike[str]],
+    progress: Callable[[int, int], None] | None = None,
+) -> Ledger:
+    """Read and merge the ledger files (or directories of them) in ``paths``.
+
+    Args:
+        paths: files or directories.
+        progress: called with ``(bytes read, total bytes)`` as reading goes on.
+    """
+    files = ledger_files(paths)
+    ledger = Ledger(files=[str(f) for f in files])
+    total = sum(f.stat().st_size for f in files)
+    done = 0
+
+    def advance(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    for path in files:
+        _FileReader(path, ledger).read(advance if progress is not None else None)
+    ledger.events.sort(key=lambda e: e.time)
+    ledger.steps.sort()
+    _check_clocks(ledger)
+    if len(ledger.jobs) > 1:
+        ledger.warnings.append(
+            f"the ledger holds several jobs ({', '.join(sorted(ledger.jobs))}); "
+            "they are computed as one timeline"
+        )
+    return ledger
+
+
+def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The valid JSON objects of one file, in file order (for tools and tests)."""
+    with path.open(encoding="utf-8") as stream:
+        for text in stream:
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                yield obj

@@ -1,0 +1,142 @@
+"""Text rendering of a goodput `Report` (the CLI's output)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from resiliency.goodput._time import format_duration
+from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report
+
+LABELS = {
+    "productive": "productive",
+    "startup": "startup / init",
+    "loading": "checkpoint loading",
+    "saving": "checkpoint saving (blocking)",
+    "lost_progress": "lost progress",
+    "restart": "restart & recovery",
+    "slowdown": "slowdown",
+    "idle": "idle / unknown",
+}
+SHORT = {
+    "productive": "prod",
+    "startup": "start",
+    "loading": "load",
+    "saving": "save",
+    "lost_progress": "lost",
+    "restart": "restart",
+    "slowdown": "slow",
+    "idle": "idle",
+}
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pct(part: float, total: float) -> str:
+    return f"{100.0 * part / total:5.1f} %" if total > 0 else "    - "
+
+
+def breakdown_table(whole: Breakdown) -> list[str]:
+    """The category table of one breakdown."""
+    total = whole.total
+    width = max(len(v) for v in LABELS.values())
+    lines = [f"  {'category':<{width}}  {'time':>12}  {'share':>7}"]
+    for name in CATEGORIES:
+        seconds = whole.seconds[name]
+        lines.append(
+            f"  {LABELS[name]:<{width}}  {format_duration(seconds):>12}  {_pct(seconds, total)}"
+        )
+        if name == "restart" and whole.hang_detection > 0:
+            label = "  of which hang detection"
+            hang = whole.hang_detection
+            lines.append(f"  {label:<{width}}  {format_duration(hang):>12}  {_pct(hang, total)}")
+    lines.append(f"  {'total':<{width}}  {format_duration(total):>12}  {_pct(total, total)}")
+    return lines
+
+
+def _row_table(title: str, rows: list[tuple[str, Breakdown]]) -> list[str]:
+    head = f"  {title:<22}{'total':>12}{'goodput':>9}" + "".join(
+        f"{SHORT[c]:>10}" for c in CATEGORIES if c != "productive"
+    )
+    lines = [head]
+    for label, part in rows:
+        cells = "".join(
+            f"{format_duration(part.seconds[c]):>10}" for c in CATEGORIES if c != "productive"
+        )
+        lines.append(
+            f"  {label:<22}{format_duration(part.total):>12}{100 * part.goodput:>8.1f}%{cells}"
+        )
+    return lines
+
+
+def render_text(report: Report) -> str:
+    """The human-readable report."""
+    whole = report.whole
+    lines = [
+        f"Goodput report: {len(report.files)} file(s), {report.events:,} events "
+        f"({report.step_events:,} step events)",
+    ]
+    if whole.total <= 0:
+        lines.append("No time span in the ledger (fewer than two events).")
+        return "\n".join(lines) + "\n"
+    lines.append(f"Span: {_when(whole.start)} .. {_when(whole.end)}")
+    if report.ideal_step_time_s is None:
+        lines.append("Ideal step time: unknown (no two step marks in one cycle)")
+    else:
+        how = (
+            "auto: median of step durations <= median + 3 MAD"
+            if report.ideal_source == "auto"
+            else "given"
+        )
+        lines.append(f"Ideal step time: {report.ideal_step_time_s:.6g} s ({how})")
+    if report.final_step is not None:
+        start = report.initial_step if report.initial_step is not None else 0
+        lines.append(
+            f"Steps: from {start} to {report.final_step} "
+            f"({report.final_step - start} new steps kept)"
+        )
+    lines.append(f"Goodput: {100.0 * whole.goodput:.1f} %")
+    lines.append("")
+    lines.extend(breakdown_table(whole))
+    if report.google_figure is not None and report.ideal_step_time_s is not None:
+        lines.append("")
+        lines.append(
+            f"Google Cloud Resiliency's figure: {100.0 * report.google_figure:.1f} % "
+            "((max saved step - min loaded step) x reference step time / "
+            f"(last - first event time), reference {report.ideal_step_time_s:.6g} s)"
+        )
+    if report.attempts:
+        lines.append("")
+        lines.append("Per attempt:")
+        rows = []
+        for a in report.attempts:
+            cause = a.cause or "-"
+            if a.timer:
+                cause += f" ({a.timer})"
+            rows.append((f"#{a.cycle} {cause}"[:22], a.breakdown))
+        lines.extend(_row_table("attempt (end)", rows))
+    if report.windows:
+        lines.append("")
+        lines.append("Per window:")
+        rows = [(_when(w.start)[11:19], w) for w in report.windows]
+        lines.extend(_row_table("window start (UTC)", rows))
+    return "\n".join(lines) + "\n"
+
+
+def render_live(report: Report) -> str:
+    """One line of live figures (``watch``)."""
+    whole = report.whole
+    parts = [
+        f"{datetime.now(timezone.utc).strftime('%H:%M:%S')}",
+        f"goodput {100.0 * whole.goodput:.1f} %",
+        f"total {format_duration(whole.total)}",
+    ]
+    for name in CATEGORIES[1:]:
+        if whole.seconds[name] > 0:
+            parts.append(f"{SHORT[name]} {format_duration(whole.seconds[name])}")
+    if report.final_step is not None:
+        parts.append(f"step {report.final_step}")
+    if report.attempts:
+        parts.append(f"attempt {report.attempts[-1].cycle}")
+    return " | ".join(parts)

@@ -1,0 +1,260 @@
+"""From ledger events to a partition of the job's wall time (the calculator's first half).
+
+The job's time ``[start, end)`` is cut into *base* intervals that cover it without overlap:
+
+* ``work``: between two progress marks of one cycle (a checkpoint loaded at step L, a step
+  event at step s): ``s - L`` steps, some of them later redone (lost);
+* a category: start-up before the first progress of the first cycle, restart before the first
+  progress of a later cycle and after a failure, lost progress between the last mark and a
+  failure, idle for the rest.
+
+*Overlays* take their time out of whatever base interval they cross: checkpoint loading
+(``duration_s`` before ``checkpoint_loaded``), the blocking part of a save (``blocked_s`` from the
+save's start), and hang detection (from ``timeout_s + latency_s`` before ``hang_detected``).
+Steps are sampled: a work interval stands for every step between two marks, at their average
+duration.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from resiliency.goodput.ledger import Event, Ledger
+
+# Overlay categories, highest priority first where two overlap.
+OVERLAY_PRIORITY = {"loading": 3, "saving": 2, "hang": 1}
+
+
+@dataclass
+class Base:
+    """One base interval: a category, or ``work`` with ``steps`` of which ``lost`` are redone.
+
+    ``implicit`` marks a cycle's first step event with no checkpoint load before it: the interval
+    before it holds one step of work, at most one ideal step of it.
+    """
+
+    start: float
+    end: float
+    category: str
+    steps: int = 0
+    lost: int = 0
+    implicit: bool = False
+
+
+@dataclass
+class Cycle:
+    """One cycle (the workers from one start to their stop)."""
+
+    number: int
+    start: float
+    end: float
+    cause: str | None = None
+    timer: str | None = None
+    restore_step: int | None = None
+    last_step: int | None = None
+    failure_time: float | None = None
+    hang: tuple[float, float] | None = None
+
+
+@dataclass
+class Timeline:
+    """Base intervals, merged overlays and cycles of a ledger."""
+
+    start: float
+    end: float
+    bases: list[Base] = field(default_factory=list)
+    overlays: list[tuple[float, float, str]] = field(default_factory=list)
+    cycles: list[Cycle] = field(default_factory=list)
+    initial_step: int | None = None
+    final_step: int | None = None
+    saves: list[tuple[float, float, int]] = field(default_factory=list)
+    loads: list[tuple[float, float, int]] = field(default_factory=list)
+    effective: list[float] | None = None
+
+
+def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
+    first: dict[int, float] = {}
+    for ev in ledger.events:
+        if ev.event == "cycle_started":
+            number = int(ev.data["cycle"])
+            first[number] = min(first.get(number, ev.time), ev.time)
+    if not first:  # a ledger without launcher events: the workers' attempt numbers
+        for ev in ledger.events:
+            first[ev.attempt] = min(first.get(ev.attempt, ev.time), ev.time)
+        for when, _, attempt in ledger.steps:
+            if attempt not in first or when < first[attempt]:
+                first[attempt] = when
+    starts = sorted((when, number) for number, when in first.items())
+    if not starts:
+        return [(start, 0)]
+    return [(start, starts[0][1]), *starts[1:]]  # the first cycle also holds what came before
+
+
+def _merge_overlays(raw: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Non-overlapping labelled intervals; where overlays overlap, the higher priority wins."""
+    points: list[tuple[float, int, int]] = []
+    for index, (a, b, _) in enumerate(raw):
+        if b > a:
+            points.append((a, 1, index))
+            points.append((b, 0, index))
+    points.sort()
+    active: list[tuple[int, int]] = []  # (-priority, index), lazily cleaned
+    ended: set[int] = set()
+    out: list[tuple[float, float, str]] = []
+    prev: float | None = None
+    for pos, kind, index in points:
+        while active and active[0][1] in ended:
+            heapq.heappop(active)
+        if prev is not None and active and pos > prev:
+            category = raw[active[0][1]][2]
+            if out and out[-1][1] == prev and out[-1][2] == category:
+                out[-1] = (out[-1][0], pos, category)
+            else:
+                out.append((prev, pos, category))
+        if kind == 1:
+            heapq.heappush(active, (-OVERLAY_PRIORITY[raw[index][2]], index))
+        else:
+            ended.add(index)
+        prev = pos
+    return out
+
+
+def _cycles(ledger: Ledger, starts: list[tuple[float, int]], end: float) -> list[Cycle]:
+    cycles = [
+        Cycle(number, when, starts[i + 1][0] if i + 1 < len(starts) else end)
+        for i, (when, number) in enumerate(starts)
+    ]
+    index = 0
+    for ev in ledger.events:
+        while index + 1 < len(cycles) and ev.time >= cycles[index + 1].start:
+            index += 1
+        cycle = cycles[index]
+        if ev.event == "cycle_ended" and ev.data["cause"] != "success":
+            if cycle.failure_time is None or ev.time < cycle.failure_time:
+                cycle.failure_time = ev.time
+                cycle.cause = ev.data["cause"]
+                cycle.timer = ev.data.get("timer")
+        elif ev.event == "cycle_ended" and cycle.cause is None:
+            cycle.cause = "success"
+        elif ev.event == "hang_detected" and cycle.hang is None:
+            cycle.hang = _hang_span(ev)
+            cycle.timer = cycle.timer or ev.data.get("timer")
+    return cycles
+
+
+def _hang_span(ev: Event) -> tuple[float, float]:
+    timeout = ev.data.get("timeout_s") or 0.0
+    return (ev.time - float(ev.data["latency_s"]) - float(timeout), ev.time)
+
+
+def build_timeline(ledger: Ledger) -> Timeline:
+    """Cut the ledger's time into base intervals and overlays (see the module docstring)."""
+    times = [ev.time for ev in ledger.events[:1]] + [s[0] for s in ledger.steps[:1]]
+    if not times:
+        return Timeline(0.0, 0.0)
+    start = min(times)
+    end = max([ev.time for ev in ledger.events[-1:]] + [s[0] for s in ledger.steps[-1:]])
+    timeline = Timeline(start, end)
+    timeline.cycles = cycles = _cycles(ledger, _cycle_starts(ledger, start), end)
+
+    # Progress marks per cycle: (time, step, is_load), in time order.
+    marks: list[list[tuple[float, int, bool]]] = [[] for _ in cycles]
+    raw: list[tuple[float, float, str]] = []
+    save_starts: dict[tuple[int, str], float] = {}
+    index = 0
+    for ev in ledger.events:
+        while index + 1 < len(cycles) and ev.time >= cycles[index + 1].start:
+            index += 1
+        data = ev.data
+        if ev.event == "checkpoint_loaded":
+            marks[index].append((ev.time, int(data["step"]), True))
+            raw.append((ev.time - float(data["duration_s"]), ev.time, "loading"))
+            timeline.loads.append((raw[-1][0], ev.time, int(data["step"])))
+        elif ev.event == "checkpoint_save_started":
+            save_starts[(int(data["step"]), str(data["tier"]))] = ev.time
+        elif ev.event == "checkpoint_saved":
+            begin = save_starts.pop((int(data["step"]), str(data["tier"])), None)
+            if begin is None:
+                begin = ev.time - float(data["total_s"] or data["blocked_s"])
+            raw.append((begin, begin + float(data["blocked_s"]), "saving"))
+            timeline.saves.append((begin, ev.time, int(data["step"])))
+    index = 0
+    for when, step, _ in ledger.steps:
+        while index + 1 < len(cycles) and when >= cycles[index + 1].start:
+            index += 1
+        marks[index].append((when, step, False))
+    for cycle_marks in marks:
+        cycle_marks.sort()
+    for cycle, cycle_marks in zip(cycles, marks, strict=True):
+        if cycle_marks:
+            _, first_step, is_load = cycle_marks[0]
+            cycle.restore_step = first_step if is_load else first_step - 1
+            cycle.last_step = cycle_marks[-1][1]
+        if cycle.hang is not None:
+            last = cycle_marks[-1][0] if cycle_marks else cycle.start
+            hang_start = min(max(cycle.hang[0], last), cycle.hang[1])
+            cycle.hang = (hang_start, cycle.hang[1])
+            raw.append((hang_start, cycle.hang[1], "hang"))
+            if cycle.failure_time is None or hang_start < cycle.failure_time:
+                cycle.failure_time = hang_start
+                cycle.cause = "hang"
+    timeline.overlays = [
+        (max(a, start), min(b, end), c) for a, b, c in _merge_overlays(raw) if b > start and a < end
+    ]
+
+    # Restore points of later cycles decide which steps were redone.
+    future_restore: list[float] = [float("inf")] * len(cycles)
+    lowest = float("inf")
+    for i in range(len(cycles) - 1, -1, -1):
+        future_restore[i] = lowest
+        if cycles[i].restore_step is not None:
+            lowest = min(lowest, float(cycles[i].restore_step or 0))
+    restored = [c.restore_step for c in cycles if c.restore_step is not None]
+    timeline.initial_step = restored[0] if restored else None
+    timeline.final_step = next((c.last_step for c in reversed(cycles) if c.last_step), None)
+
+    bases = timeline.bases
+    for i, (cycle, cycle_marks) in enumerate(zip(cycles, marks, strict=True)):
+        _cut_cycle(bases, cycle, cycle_marks, index=i, count=len(cycles), future=future_restore[i])
+    return timeline
+
+
+def _cut_cycle(
+    bases: list[Base],
+    cycle: Cycle,
+    marks: list[tuple[float, int, bool]],
+    *,
+    index: int,
+    count: int,
+    future: float,
+) -> None:
+    """Append the base intervals of one cycle."""
+    before = "startup" if index == 0 else "restart"
+    failure = cycle.failure_time
+    if failure is None and index + 1 < count:
+        failure = marks[-1][0] if marks else cycle.start  # restarted with no failure recorded
+    stop = cycle.end if failure is None else min(max(failure, cycle.start), cycle.end)
+    if not marks or marks[0][0] >= stop:
+        bases.append(Base(cycle.start, stop, before))
+    else:
+        first_time, first_step, is_load = marks[0]
+        bases.append(Base(cycle.start, first_time, before, implicit=not is_load))
+        if not is_load and first_step > future:
+            bases[-1].lost = 1
+        prev_time, prev_step = first_time, first_step
+        for when, step, _ in marks[1:]:
+            if when >= stop:
+                break
+            steps = step - prev_step
+            if steps > 0:
+                lost = max(0, step - max(prev_step, future)) if future < step else 0
+                bases.append(Base(prev_time, when, "work", steps=steps, lost=int(lost)))
+            else:
+                bases.append(Base(prev_time, when, "idle"))
+            prev_time, prev_step = when, step
+        # After the last mark: steps not sampled, redone if a later cycle restores from before.
+        tail = "lost" if failure is not None and future <= prev_step else "idle"
+        bases.append(Base(prev_time, stop, tail))
+    if stop < cycle.end:
+        bases.append(Base(stop, cycle.end, "restart" if index + 1 < count else "idle"))
