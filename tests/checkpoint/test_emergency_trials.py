@@ -1,0 +1,111 @@
+"""Seeded trials: SIGTERM to one random rank of a 2-rank gloo job at a random time.
+
+Every trial checks: both ranks save the same step (``noticed + lead``), exit as preempted (75)
+with their exit info, nothing hangs, and the next job resumes from exactly that step.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from emergency_harness import (
+    PREEMPTED,
+    Job,
+    committed_steps,
+    exit_infos,
+    noticed_steps,
+    resumed_step,
+    wait_for_files,
+)
+
+from resiliency.checkpoint._emergency import EXIT_INFO_DIR_ENV, PREEMPTED_EXIT_CODE_ENV
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 14
+
+
+def _env(exit_dir: Path) -> dict[str, str]:
+    exit_dir.mkdir(exist_ok=True)
+    return {EXIT_INFO_DIR_ENV: str(exit_dir), PREEMPTED_EXIT_CODE_ENV: str(PREEMPTED)}
+
+
+def _run_until_preempted(job: Job, timeout: float = 60) -> tuple[list[int], str]:
+    try:
+        codes = job.wait(timeout)
+    finally:
+        job.kill()
+    return codes, job.log()
+
+
+def _assert_one_step_saved(tmp_path: Path, exit_dir: Path, codes: list[int], log: str) -> int:
+    assert codes == [PREEMPTED, PREEMPTED], log[-8000:]
+    infos = exit_infos(exit_dir)
+    assert sorted(infos) == ["rank_0.json", "rank_1.json"], log[-8000:]
+    assert {i["reason"] for i in infos.values()} == {"preempted"}, infos
+    steps = {i["step"] for i in infos.values()}
+    assert len(steps) == 1, infos
+    step = int(steps.pop())
+    assert committed_steps(tmp_path)[-1] == step, log[-8000:]
+    return step
+
+
+def _assert_resumes_from(tmp_path: Path, step: int) -> None:
+    job = Job(tmp_path, ["--steps", str(step + 3), "--step-time", "0"], name="resume")
+    codes, log = _run_until_preempted(job)
+    assert codes == [0, 0], log[-8000:]
+    assert resumed_step(log) == step, log[-4000:]
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_sigterm_to_one_random_rank(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    victim = rng.randrange(2)
+    delay = rng.uniform(0.0, 1.5)
+    lead, check_every = (2, 1) if seed % 2 == 0 else (4, 3)
+    exit_dir = tmp_path / "exit"
+    job = Job(
+        tmp_path,
+        ["--lead", str(lead), "--check-every", str(check_every)],
+        env=_env(exit_dir),
+    )
+    try:
+        wait_for_files(tmp_path / "markers", "ready-*", 2, 60, job)
+        time.sleep(delay)
+        job.signal(victim, signal.SIGTERM)
+    finally:
+        codes, log = _run_until_preempted(job)
+    step = _assert_one_step_saved(tmp_path, exit_dir, codes, log)
+    noticed = noticed_steps(log)
+    assert len(noticed) == 1, log[-8000:]  # only the victim saw the signal
+    assert step == noticed[0] + lead, (noticed, step)
+    _assert_resumes_from(tmp_path, step)
+
+
+def test_signal_during_a_periodic_save_and_again_during_the_emergency_save(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 while a (slow) periodic save runs, SIGTERM while the emergency save runs."""
+    exit_dir = tmp_path / "exit"
+    job = Job(
+        tmp_path,
+        ["--periodic-every", "20", "--save-sleep", "1.0", "--sigusr1", "--lead", "2"],
+        env=_env(exit_dir),
+    )
+    markers = tmp_path / "markers"
+    try:
+        wait_for_files(markers, "saving-1-*", 1, 60, job)
+        periodic = int(next(markers.glob("saving-1-*")).name.rsplit("-", 1)[1])
+        job.signal(1, signal.SIGUSR1)  # during the periodic save of `periodic`
+        wait_for_files(markers, f"saving-0-{periodic + 2}", 1, 30, job)
+        job.signal(0, signal.SIGTERM)  # during the emergency save: must change nothing
+    finally:
+        codes, log = _run_until_preempted(job)
+    step = _assert_one_step_saved(tmp_path, exit_dir, codes, log)
+    assert step == periodic + 2, log[-8000:]  # noticed right after the periodic save
+    assert "got SIGUSR1 at step" in log
+    _assert_resumes_from(tmp_path, step)
