@@ -13,6 +13,7 @@ from resiliency.ft.errors import (
     MonitorUnavailableError,
     ProtocolError,
     ProtocolVersionError,
+    RankMonitorClientError,
     StateDictError,
 )
 from resiliency.ft.fault_hook import (
@@ -57,6 +58,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolVersionError",
     "RankMonitorClient",
+    "RankMonitorClientError",
     "RankMonitorServer",
     "SectionTimeouts",
     "SimulatedCrash",

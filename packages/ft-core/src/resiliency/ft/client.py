@@ -68,6 +68,9 @@ class RankMonitorClient(HotPath):
         cfg: The configuration the monitor runs with (set by :meth:`init_workload_monitoring`).
     """
 
+    #: The state-dict key of the timeouts (the name NVIDIA's resiliency extension uses).
+    CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
+
     def __init__(self) -> None:
         super().__init__()
         self.cfg: FaultToleranceConfig | None = None
@@ -213,24 +216,29 @@ class RankMonitorClient(HotPath):
             )
 
     @property
-    def hb_timeouts(self) -> HeartbeatTimeouts:
-        """The heartbeat timeouts in effect."""
-        return self._hb
+    def hb_timeouts(self) -> HeartbeatTimeouts | None:
+        """The heartbeat timeouts in effect; None before :meth:`init_workload_monitoring`."""
+        return None if self.cfg is None else self._hb
 
     @property
-    def section_timeouts(self) -> SectionTimeouts:
-        """The section timeouts in effect."""
-        return self._sections
+    def section_timeouts(self) -> SectionTimeouts | None:
+        """The section timeouts in effect; None before :meth:`init_workload_monitoring`."""
+        return None if self.cfg is None else self._sections
 
     def _safety_factor(self) -> float:
         if self.cfg is None:
             raise MonitorUnavailableError("call init_workload_monitoring() first")
         return self.cfg.safety_factor
 
-    def calculate_and_set_hb_timeouts(self) -> bool:
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
         """Set heartbeat timeouts from the intervals observed so far (max over all ranks).
 
         Call on every rank at the same point when torch.distributed is initialized.
+
+        Args:
+            skip_if_not_ready: accepted for NVIDIA's resiliency extension, where False makes
+                "not enough data yet" an error. Here that case always returns False with a
+                warning (never raises), whatever this argument says.
 
         Returns:
             True when the timeouts were calculated and the monitor uses them; False when no
@@ -258,13 +266,19 @@ class RankMonitorClient(HotPath):
         return True
 
     def calculate_and_set_section_timeouts(
-        self, selected_sections: Iterable[str] | None = None, calc_out_of_section: bool = True
+        self,
+        selected_sections: Iterable[str] | None = None,
+        calc_out_of_section: bool = True,
+        skip_if_not_ready: bool = False,
     ) -> bool:
         """Set section timeouts from the durations observed so far (max over all ranks).
 
         Args:
             selected_sections: Only these sections (default: every observed section).
             calc_out_of_section: Also calculate the out-of-section timeout.
+            skip_if_not_ready: accepted for NVIDIA's resiliency extension; as for
+                :meth:`calculate_and_set_hb_timeouts`, too little data returns False (with a
+                warning) and never raises.
 
         Returns:
             True when at least one timeout was calculated and the monitor uses it.

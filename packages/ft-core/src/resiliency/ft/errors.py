@@ -10,6 +10,7 @@ __all__ = [
     "MonitorUnavailableError",
     "ProtocolError",
     "ProtocolVersionError",
+    "RankMonitorClientError",
     "StateDictError",
 ]
 
@@ -30,11 +31,20 @@ class ProtocolError(FaultToleranceError):
     """A peer sent something that is not a valid monitor-protocol message."""
 
 
-class ProtocolVersionError(ProtocolError):
+class RankMonitorClientError(FaultToleranceError):
+    """The rank's client cannot do what was asked (NVIDIA's resiliency extension's name).
+
+    Base of :class:`MonitorUnavailableError` and :class:`ProtocolVersionError`, so code written
+    for that tool (``except RankMonitorClientError``) catches what ``init_workload_monitoring()``
+    and the timeout calculation raise here.
+    """
+
+
+class ProtocolVersionError(ProtocolError, RankMonitorClientError):
     """The client and the rank monitor speak different protocol versions."""
 
 
-class MonitorUnavailableError(FaultToleranceError):
+class MonitorUnavailableError(RankMonitorClientError):
     """The rank monitor cannot be reached (not started, socket missing, or gone)."""
 
 

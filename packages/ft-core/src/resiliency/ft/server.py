@@ -319,6 +319,10 @@ class RankMonitorServer(SocketLoop):
 
     def _forward_wlc(self, conn: Conn, msg: dict[str, Any]) -> None:
         action = WorkloadAction.parse(msg["action"])
+        if action is WorkloadAction.Continue:  # nothing to do: the launcher goes on as usual
+            logger.info("%s requests Continue: %s", self._who(), msg["desc"])
+            self._send(conn, {"t": "ok", "forwarded": False})
+            return
         logger.warning("%s requests %s: %s", self._who(), action.value, msg["desc"])
         if self._controller is None:
             self._send(

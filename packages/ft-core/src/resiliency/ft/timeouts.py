@@ -74,7 +74,8 @@ class HeartbeatTimeouts:
     """The heartbeat timeouts in effect.
 
     Attributes:
-        initial: Longest time from the worker's spawn to its first heartbeat (None: no timeout).
+        initial: Longest time from the rank's connection (``init_workload_monitoring()``) to
+            its first heartbeat (None: no timeout).
         subsequent: Longest gap between heartbeats after the first one (None: no timeout).
         were_calculated: True when the values come from observed intervals, not the config.
     """
@@ -82,6 +83,11 @@ class HeartbeatTimeouts:
     initial: float | None = None
     subsequent: float | None = None
     were_calculated: bool = False
+
+    @property
+    def are_valid(self) -> bool:
+        """True when both timeouts are set (not None), as in NVIDIA's resiliency extension."""
+        return self.initial is not None and self.subsequent is not None
 
     @classmethod
     def from_config(cls, cfg: FaultToleranceConfig) -> HeartbeatTimeouts:
@@ -142,6 +148,18 @@ class SectionTimeouts:
     out_of_section: float | None = None
     calculated_sections: frozenset[str] = frozenset()
     is_out_of_section_calculated: bool = False
+
+    @property
+    def are_valid(self) -> bool:
+        """True when every section timeout and the out-of-section timeout are set (not None)."""
+        return self.out_of_section is not None and all(
+            limit is not None for limit in self.section.values()
+        )
+
+    @property
+    def were_calculated(self) -> bool:
+        """True when every section's and the out-of-section timeout were calculated."""
+        return self.is_out_of_section_calculated and set(self.section) <= self.calculated_sections
 
     @classmethod
     def from_config(cls, cfg: FaultToleranceConfig) -> SectionTimeouts:

@@ -15,13 +15,27 @@ _MAX_DESCRIPTION_CHARS = 4096
 class WorkloadAction(str, enum.Enum):
     """What a rank asks the launcher to do.
 
+    NVIDIA's resiliency extension numbers the actions (``Continue = 0``, ``ExcludeThisNode = 1``,
+    ``ShutdownWorkload = 2``); those numbers are accepted too: ``WorkloadAction(2)`` is
+    ``WorkloadAction.ShutdownWorkload``. Here the values are the names.
+
     Attributes:
+        Continue: Nothing to do: the launcher goes on as usual (logged).
         ShutdownWorkload: Stop every worker of the job and do not restart them.
         ExcludeThisNode: Take this node out of the job (e.g. a failing GPU) and restart elsewhere.
     """
 
-    ShutdownWorkload = "ShutdownWorkload"
+    Continue = "Continue"
     ExcludeThisNode = "ExcludeThisNode"
+    ShutdownWorkload = "ShutdownWorkload"
+
+    @classmethod
+    def _missing_(cls, value: object) -> WorkloadAction | None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _NVRX_NUMBERS.get(value)
+        if isinstance(value, enum.Enum):  # another tool's WorkloadAction member
+            return cls.__members__.get(value.name)
+        return None
 
     @classmethod
     def parse(cls, value: str | WorkloadAction) -> WorkloadAction:
@@ -43,6 +57,13 @@ class WorkloadAction(str, enum.Enum):
             raise ProtocolError(
                 f"unknown workload action {value!r:.60}; valid actions: {valid}"
             ) from None
+
+
+_NVRX_NUMBERS = {
+    0: WorkloadAction.Continue,
+    1: WorkloadAction.ExcludeThisNode,
+    2: WorkloadAction.ShutdownWorkload,
+}
 
 
 @dataclass(frozen=True)
