@@ -1,0 +1,28 @@
+"""Asynchronous, atomic, verified checkpoints of distributed PyTorch training.
+
+Every checkpoint is a standard ``torch.distributed.checkpoint`` (DCP) checkpoint plus a
+``manifest.json`` of file sizes and checksums. See docs/checkpoint.md for the design.
+"""
+
+from __future__ import annotations
+
+from .app_state import AppState
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    NoCheckpointError,
+    SaveFailedError,
+    WriterFailedError,
+)
+from .manager import CheckpointManager, SaveHandle
+
+__all__ = [
+    "AppState",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointManager",
+    "NoCheckpointError",
+    "SaveFailedError",
+    "SaveHandle",
+    "WriterFailedError",
+]

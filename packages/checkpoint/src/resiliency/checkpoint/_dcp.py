@@ -1,0 +1,308 @@
+"""The one adapter over torch DCP's planning and file format (checked against torch 2.4-2.13).
+
+The rank process runs DCP's own planning (``DefaultSavePlanner``: flattening, dedup of
+replicated tensors, global metadata) with the same gather/scatter DCP's ``save`` does. The writer
+process runs DCP's own ``FileSystemWriter.write_data`` on the staged tensors, so the files are
+byte-for-byte what ``dcp.save`` writes. Rank 0 finishes with ``FileSystemWriter.finish`` (the
+standard ``.metadata``). Private DCP names used: ``_StoragePrefix`` and ``_StorageInfo`` (the
+storage records of the file-system writer); nothing else.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+)
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.checkpoint.storage import WriteResult
+
+try:  # the file-system writer's storage records (private in every torch 2.x)
+    from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+except ImportError as exc:  # pragma: no cover - only on a torch that renamed them
+    raise ImportError(
+        f"resiliency.checkpoint needs DCP's file-system storage records; torch "
+        f"{torch.__version__} moved them: {exc}"
+    ) from exc
+
+
+def to_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """Call ``state_dict()`` on every Stateful value (what ``dcp.save`` does first)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+
+
+class Plan:
+    """This rank's final DCP save plan and the planner that resolves its items."""
+
+    def __init__(self, planner: DefaultSavePlanner, plan: SavePlan, metadata: Metadata | None):
+        self.planner = planner
+        self.plan = plan
+        self.metadata = metadata  # the global metadata, on the coordinator only
+
+    @property
+    def prefix(self) -> str:
+        return str(self.plan.storage_data.prefix)
+
+    def items(self) -> list[WriteItem]:
+        return list(self.plan.items)
+
+    def resolve(self, item: WriteItem) -> torch.Tensor | bytes:
+        data = self.planner.resolve_data(item)
+        if isinstance(data, io.BytesIO):
+            return data.getvalue()
+        return data.detach()
+
+
+def make_plan(
+    state_dict: dict[str, Any],
+    group: dist.ProcessGroup | None,
+    extra: dict[str, Any],
+    decide: Any,
+) -> tuple[Plan | None, dict[str, Any]]:
+    """Plan a save across the group, as ``dcp.save`` does, plus a coordinator decision.
+
+    ``decide()`` runs on the coordinator before the global plan and returns a dict broadcast to
+    every rank with the plans (e.g. the nonce, or a skip). A failure on any rank becomes an
+    ``"error"`` entry on every rank; nothing hangs. Returns ``(plan or None, decision)``.
+    """
+    rank = dist.get_rank(group) if group is not None else 0
+    world = dist.get_world_size(group) if group is not None else 1
+    planner = DefaultSavePlanner()
+    local: Any
+    try:
+        planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=rank == 0)
+        local = planner.create_local_plan()
+    except Exception as exc:
+        local = f"rank {rank}: planning failed: {exc!r}"
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    if group is not None:
+        dist.gather_object(local, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    else:
+        gathered = [local]
+    scattered: list[Any] | None = None
+    metadata: Metadata | None = None
+    plans: list[SavePlan] | None = None
+    if rank == 0:
+        assert gathered is not None
+        errors = [p for p in gathered if isinstance(p, str)]
+        decision: dict[str, Any] = {}
+        if errors:
+            decision = {"error": "; ".join(errors)}
+        else:
+            try:
+                decision = dict(decide())
+                if not decision.get("skip"):
+                    plans, metadata = planner.create_global_plan(gathered)
+                    plans = FileSystemWriter(extra["path"]).prepare_global_plan(plans)
+            except Exception as exc:
+                decision = {"error": f"rank 0: planning failed: {exc!r}"}
+        scattered = [
+            (plans[i] if plans is not None and not decision.get("error") else None, decision)
+            for i in range(world)
+        ]
+    received: list[Any] = [None]
+    if group is not None:
+        dist.scatter_object_list(
+            received, scattered, src=dist.get_global_rank(group, 0), group=group
+        )
+    else:
+        assert scattered is not None
+        received = [scattered[0]]
+    central, decision = received[0]
+    if decision.get("error") or decision.get("skip") or central is None:
+        return None, decision
+    final = planner.finish_plan(central)
+    return Plan(planner, final, metadata), decision
+
+
+def item_to_json(item: WriteItem, offset: int, nbytes: int) -> dict[str, Any]:
+    """Describe a write item and where its staged bytes lie in the arena."""
+    out: dict[str, Any] = {
+        "fqn": item.index.fqn,
+        "offset": list(item.index.offset) if item.index.offset is not None else None,
+        "index": item.index.index,
+        "type": item.type.name,
+        "at": offset,
+        "nbytes": nbytes,
+    }
+    if item.tensor_data is not None:
+        td = item.tensor_data
+        out["dtype"] = str(td.properties.dtype).removeprefix("torch.")
+        out["size"] = list(td.size)
+        out["chunk_offsets"] = list(td.chunk.offsets)
+        out["chunk_sizes"] = list(td.chunk.sizes)
+    return out
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _index(fqn: Any, offset: Any, index: Any) -> MetadataIndex:
+    if not isinstance(fqn, str):
+        raise ValueError("fqn must be a string")
+    return MetadataIndex(
+        fqn, torch.Size(int(x) for x in offset) if offset is not None else None, index
+    )
+
+
+def item_from_json(d: dict[str, Any]) -> WriteItem:
+    """Rebuild a write item in the writer process (validated field by field)."""
+    kind = WriteItemType[str(d["type"])]
+    tensor_data = None
+    if kind != WriteItemType.BYTE_IO:
+        tensor_data = TensorWriteData(
+            chunk=ChunkStorageMetadata(
+                offsets=torch.Size(int(x) for x in d["chunk_offsets"]),
+                sizes=torch.Size(int(x) for x in d["chunk_sizes"]),
+            ),
+            properties=TensorProperties(dtype=_dtype(d["dtype"])),
+            size=torch.Size(int(x) for x in d["size"]),
+        )
+    return WriteItem(
+        index=_index(d["fqn"], d["offset"], d.get("index")), type=kind, tensor_data=tensor_data
+    )
+
+
+def result_to_json(result: WriteResult) -> dict[str, Any]:
+    """Describe a write result (where an item landed in which file)."""
+    info = result.storage_data
+    return {
+        "fqn": result.index.fqn,
+        "offset": list(result.index.offset) if result.index.offset is not None else None,
+        "index": result.index.index,
+        "size_in_bytes": result.size_in_bytes,
+        "path": info.relative_path,
+        "file_offset": info.offset,
+        "length": info.length,
+        "transforms": list(info.transform_descriptors) if info.transform_descriptors else None,
+    }
+
+
+def result_from_json(d: dict[str, Any]) -> WriteResult:
+    """Rebuild a write result on the coordinator."""
+    return WriteResult(
+        index=_index(d["fqn"], d["offset"], d.get("index")),
+        size_in_bytes=int(d["size_in_bytes"]),
+        storage_data=_StorageInfo(
+            str(d["path"]), int(d["file_offset"]), int(d["length"]), d.get("transforms")
+        ),
+    )
+
+
+class _ChecksumStream(io.RawIOBase):
+    """A file opened for writing that keeps a running CRC-32 of everything written."""
+
+    def __init__(self, raw: Any, sink: dict[str, int], name: str) -> None:
+        super().__init__()
+        self._raw = raw
+        self._sink = sink
+        self._name = name
+        self._crc = 0
+        self._size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        n = self._raw.write(view)
+        self._crc = zlib.crc32(view[:n], self._crc)
+        self._size += n
+        return int(n)
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.flush()
+            self._sink[self._name] = self._crc & 0xFFFFFFFF
+            self._sink[self._name + ":size"] = self._size
+        super().close()
+
+
+class ChecksumFileSystem(FileSystem):
+    """DCP's local file system that checksums every file while it is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sums: dict[str, int] = {}
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with open(path, mode) as raw:
+            stream = _ChecksumStream(raw, self.sums, Path(path).name)
+            try:
+                yield stream
+            finally:
+                stream.close()
+
+
+class _ArenaPlanner:
+    """The planner a writer process hands to ``write_data``: items resolve to staged data."""
+
+    def __init__(self, data: dict[MetadataIndex, Any]) -> None:
+        self._data = data
+
+    def resolve_data(self, item: WriteItem) -> Any:
+        value = self._data[item.index]
+        return io.BytesIO(bytes(value)) if item.type == WriteItemType.BYTE_IO else value
+
+
+def write_files(
+    directory: Path, prefix: str, items: list[tuple[WriteItem, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Write this rank's items with DCP's file-system writer (fsynced); checksum on the fly."""
+    writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
+    fs = ChecksumFileSystem()
+    writer.fs = fs
+    plan = SavePlan([item for item, _ in items], storage_data=_StoragePrefix(prefix))
+    planner = _ArenaPlanner({item.index: value for item, value in items})
+    future = writer.write_data(plan, planner)  # type: ignore[arg-type]
+    results = future.wait()
+    files = {
+        name: {"size": fs.sums[name + ":size"], "crc32": f"{crc:08x}"}
+        for name, crc in fs.sums.items()
+        if not name.endswith(":size")
+    }
+    return [result_to_json(r) for r in results], files
+
+
+def finish(directory: Path, metadata: Metadata, results: list[list[dict[str, Any]]]) -> None:
+    """Write the standard ``.metadata`` of the checkpoint (coordinator only, fsynced)."""
+    writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
+    writer.finish(metadata, [[result_from_json(r) for r in rank] for rank in results])

@@ -1,0 +1,99 @@
+"""The persistent writer process of one rank: ``python -m resiliency.checkpoint._writer FD``.
+
+A tiny module entry (never the user's main script): it imports torch and DCP once, lowers its
+own priority, says ``ready``, then serves ``save`` requests one at a time over the socket whose
+descriptor it was given. Each save writes this rank's share of a step with DCP's file-system
+writer from the shared staging arena, fsyncs the files and answers with the write results and
+the files' sizes and CRC-32s. It exits on ``exit`` or when the rank closes the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("resiliency.checkpoint.writer")
+
+
+def _serve(sock: socket.socket) -> None:
+    import torch  # noqa: PLC0415 -- warm-up happens here, before "ready"
+
+    from resiliency.checkpoint import _dcp, _protocol, _staging  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    _protocol.send(
+        sock, {"type": "ready", "pid": os.getpid(), "version": _protocol.PROTOCOL_VERSION}
+    )
+    arena: Any = None
+    while True:
+        try:
+            message = _protocol.recv(sock)
+        except _protocol.PeerClosedError:
+            return
+        kind = message["type"]
+        if kind == "exit":
+            return
+        if kind == "arena":
+            fd = _protocol.recv_fd(sock)
+            if arena is not None:
+                with contextlib.suppress(BufferError):  # a view still holds it: unmapped later
+                    arena.close()
+            arena = _staging.attach(fd, int(message["size"]))
+            os.close(fd)
+            continue
+        if kind != "save":
+            raise _protocol.ProtocolError(f"unexpected frame type {kind!r}")
+        job = message.get("job")
+        start = time.monotonic()
+        try:
+            if arena is None:
+                raise _protocol.ProtocolError("save before any arena")
+            items = []
+            for d in message["items"]:
+                item = _dcp.item_from_json(d)
+                at, nbytes = int(d["at"]), int(d["nbytes"])
+                if at < 0 or at + nbytes > len(arena):
+                    raise _protocol.ProtocolError(f"item {d['fqn']} lies outside the arena")
+                if item.tensor_data is None:
+                    value: Any = memoryview(arena)[at : at + nbytes]
+                else:
+                    value = _staging.tensor_at(
+                        arena, at, nbytes, item.tensor_data.properties.dtype, d["chunk_sizes"]
+                    )
+                items.append((item, value))
+            results, files = _dcp.write_files(Path(message["dir"]), str(message["prefix"]), items)
+            del items
+            reply = {"type": "done", "job": job, "results": results, "files": files}
+        except Exception as exc:
+            logger.debug("save failed: %s", traceback.format_exc())
+            reply = {"type": "error", "job": job, "error": f"{type(exc).__name__}: {exc}"}
+        reply["seconds"] = time.monotonic() - start
+        _protocol.send(sock, reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve saves on the socket descriptor given as the only argument."""
+    args = sys.argv[1:] if argv is None else argv
+    fd = int(args[0])
+    with contextlib.suppress(OSError):
+        os.nice(int(os.environ.get("RESILIENCY_CKPT_WRITER_NICE", "10")))
+    logging.basicConfig(level=logging.WARNING, format="[ckpt-writer %(process)d] %(message)s")
+    sock = socket.socket(fileno=fd)
+    try:
+        _serve(sock)
+    except (BrokenPipeError, ConnectionError):
+        return 0
+    finally:
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""``CheckpointManager``: asynchronous, atomic, verified DCP checkpoints under one root.
+
+``save``, ``wait``, ``load`` and ``close`` are collective: every rank of the group calls them in
+the same order (as with ``dcp.save``). ``latest``, ``steps`` and ``SaveHandle.done`` are local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from . import _agree, _dcp, _events, _layout, _staging
+from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
+from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    NoCheckpointError,
+    SaveFailedError,
+    WriterFailedError,
+)
+
+__all__ = ["CheckpointManager", "SaveHandle"]
+
+logger = logging.getLogger(__name__)
+
+
+class SaveHandle:
+    """The handle of one save: ``done()`` is local, ``wait()`` is collective."""
+
+    def __init__(self, manager: CheckpointManager, save: Save | None, step: int) -> None:
+        self._manager = manager
+        self._save = save
+        self.step = step
+
+    def done(self) -> bool:
+        """True once this rank knows the outcome (committed or failed); never blocks."""
+        return self._save is None or self._save.done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the step is committed everywhere; raise the agreed failure on every rank.
+
+        Raises:
+            SaveFailedError: the save failed on some rank (e.g. disk full).
+            WriterFailedError: a writer process died or hung on some rank.
+            TimeoutError: ``timeout`` passed first; the save stays in flight (wait again).
+        """
+        if self._save is not None:
+            self._manager._resolve(self._save, timeout)
+
+
+def _control_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """The gloo group the manager's small CPU collectives run on (None: one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pg = group or dist.group.WORLD
+    assert pg is not None
+    if "gloo" in str(dist.get_backend(pg)):
+        return pg
+    return dist.new_group(dist.get_process_group_ranks(pg), backend="gloo")
+
+
+class CheckpointManager:
+    """Save and restore training state as standard DCP checkpoints under ``root``.
+
+    Args:
+        root: directory holding ``step_<N:09d>/`` checkpoints (shared by all ranks).
+        keep_last: keep the newest N committed steps (None: keep all).
+        keep_every: also keep forever every step divisible by this number.
+        async_save: when False, ``save`` returns only once the step is committed.
+        process_group: the ranks that save together (default: the whole job).
+        writer_timeout_s: bound on one save's writing; a writer silent for longer is killed
+            and the save fails on every rank with ``WriterFailedError``.
+        tier: the goodput tier name of this manager's saves.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int | None = 3,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        writer_timeout_s: float = 600.0,
+        tier: str = "persistent",
+    ) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError(f"keep_every must be >= 1 or None, got {keep_every}")
+        if writer_timeout_s <= 0:
+            raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
+        self.root = Path(root).resolve()
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.writer_timeout_s = float(writer_timeout_s)
+        self.tier = tier
+        self._group = _control_group(process_group)
+        self.rank = dist.get_rank(self._group) if self._group is not None else 0
+        self.world_size = dist.get_world_size(self._group) if self._group is not None else 1
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            _layout.remove_stale(self.root)
+        self._arena = _staging.Arena()
+        self._writer: WriterProcess | None = WriterProcess()
+        self._inflight: Save | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
+
+    # ------------------------------------------------------------------ queries (local)
+    def steps(self) -> list[int]:
+        """Committed steps under the root, ascending (a listing; ``load`` verifies)."""
+        return _layout.committed_steps(self.root)
+
+    def latest(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The pid of this rank's writer process (None after ``close``)."""
+        return self._writer.pid if self._writer is not None else None
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+        """Save ``state`` as ``step``; returns once the state is staged (collective).
+
+        Blocks training only for DCP's planning and the copy into the staging arena. A previous
+        save still in flight is waited for first; its failure is logged on every rank (and
+        raised by its own handle's ``wait``), never raised here. Saving a step that is already
+        committed is a no-op (logged): a step is never overwritten.
+        """
+        if self._closed:
+            raise CheckpointError("the CheckpointManager is closed")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        t0 = time.monotonic()
+        if self._inflight is not None:
+            with contextlib.suppress(SaveFailedError):  # logged on every rank by _resolve
+                self._resolve(self._inflight, None)
+        state_dict = _dcp.to_state_dict(state)
+
+        def decide() -> dict[str, Any]:
+            if _layout.step_dir(self.root, step).exists():
+                return {"skip": True}
+            nonce = secrets.token_hex(6)
+            _layout.tmp_dir(self.root, step, nonce).mkdir()
+            return {"nonce": nonce}
+
+        plan, decision = _dcp.make_plan(state_dict, self._group, {"path": self.root}, decide)
+        if decision.get("error"):
+            _events.emit(
+                "checkpoint_save_failed", step=step, tier=self.tier, error=decision["error"]
+            )
+            raise SaveFailedError(f"planning the save of step {step} failed: {decision['error']}")
+        if decision.get("skip") or plan is None:
+            logger.info("step %d is already committed under %s; not saved again", step, self.root)
+            return SaveHandle(self, None, step)
+        nonce = str(decision["nonce"])
+        save = Save(
+            step=step,
+            nonce=nonce,
+            tmp=_layout.tmp_dir(self.root, step, nonce),
+            final=_layout.step_dir(self.root, step),
+            rank=self.rank,
+            world=self.world_size,
+            tier=self.tier,
+            started=t0,
+            writer_timeout_s=self.writer_timeout_s,
+            metadata=plan.metadata,
+        )
+        _events.emit("checkpoint_save_started", step=step, tier=self.tier)
+        try:
+            self._stage_and_send(save, plan)
+        except (WriterDiedError, WriterHungError) as exc:
+            save.fail(WRITER_FAILED, f"rank {self.rank}: checkpoint writer unusable: {exc}")
+        except Exception as exc:
+            save.fail(IO_FAILED, f"rank {self.rank}: staging step {step} failed: {exc!r}")
+        del plan, state_dict
+        save.blocked_s = time.monotonic() - t0
+        save.handed_over = time.monotonic()  # the writer's deadline counts from here
+        self._inflight = save
+        save.thread = threading.Thread(
+            target=complete,
+            args=(save, self._writer if save.code == OK else None, self.keep_last, self.keep_every),
+            name=f"ckpt-complete-{step}",
+            daemon=True,
+        )
+        save.thread.start()
+        handle = SaveHandle(self, save, step)
+        if not self.async_save:
+            handle.wait()
+        return handle
+
+    def _ensure_writer(self) -> WriterProcess:
+        if self._writer is None or not self._writer.alive():
+            if self._writer is not None:
+                logger.warning(
+                    "rank %d: checkpoint writer (pid %d) %s; starting a new one",
+                    self.rank,
+                    self._writer.pid,
+                    self._writer.describe_exit(),
+                )
+                self._writer.kill()
+            self._writer = WriterProcess()
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
+        self._writer.wait_ready(time.monotonic() + self.writer_timeout_s)
+        return self._writer
+
+    def _stage_and_send(self, save: Save, plan: _dcp.Plan) -> None:
+        writer = self._ensure_writer()
+        items = plan.items()
+        values = [plan.resolve(item) for item in items]
+        slots, total = _staging.layout(values)
+        self._arena.ensure(total)
+        if writer.arena_generation != self._arena.generation:
+            writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
+        _staging.stage(self._arena, values, slots)
+        del values
+        writer.send(
+            {
+                "type": "save",
+                "job": save.nonce,
+                "dir": str(save.tmp),
+                "prefix": plan.prefix,
+                "items": [
+                    _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                    for item, slot in zip(items, slots, strict=True)
+                ],
+            }
+        )
+
+    # ------------------------------------------------------------------ agreement
+    def _resolve(self, save: Save, timeout: float | None) -> None:
+        if not save.resolved:
+            bound = save.writer_timeout_s + 3 * save.grace_s + 30.0
+            if not save.done.wait(bound if timeout is None else timeout):
+                if timeout is not None:
+                    raise TimeoutError(f"the save of step {save.step} is still in flight")
+                save.fail(IO_FAILED, f"rank {self.rank}: completion of step {save.step} stuck")
+            code = _agree.max_code(save.code, self._group)
+            if code != OK:
+                messages = [m for m in _agree.gather_messages(save.message, self._group) if m]
+                kind = WriterFailedError if code == WRITER_FAILED else SaveFailedError
+                save.error = kind(
+                    f"saving step {save.step} failed; the previous checkpoint is intact: "
+                    + "; ".join(messages)
+                )
+                logger.error("%s", save.error)
+                if self.rank == 0:
+                    _layout.remove_tree(save.tmp)
+                    _layout.remove_tree(save.tmp.with_name(".trash-" + save.tmp.name.lstrip(".")))
+            save.resolved = True
+            if self._inflight is save:
+                self._inflight = None
+        if save.error is not None:
+            raise save.error
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the save in flight, if any (collective); raises like ``SaveHandle.wait``."""
+        if self._inflight is not None:
+            self._resolve(self._inflight, timeout)
+
+    # ------------------------------------------------------------------ load
+    def load(self, state: dict[str, Any], step: int | None = None) -> int | None:
+        """Load the newest step that verifies on every rank (or ``step``) into ``state``.
+
+        A step with a missing manifest, a wrong size or a wrong checksum is skipped with a
+        warning that names the file; all ranks load the same step (collective).
+
+        Returns:
+            The step loaded, or None when the root holds no checkpoint.
+
+        Raises:
+            NoCheckpointError: ``step`` was given and is not committed.
+            CheckpointCorruptError: ``step`` (or, with ``step=None``, every committed step)
+                failed verification.
+        """
+        if self._closed:
+            raise CheckpointError("the CheckpointManager is closed")
+        with contextlib.suppress(SaveFailedError):
+            self.wait()
+        _events.emit("checkpoint_load_started", tier=self.tier)
+        t0 = time.monotonic()
+        chosen, nbytes = self._agree_on_step(step)
+        if chosen is None:
+            return None
+        path = _layout.step_dir(self.root, chosen)
+        try:
+            dcp.load(
+                state, checkpoint_id=path, process_group=self._group, no_dist=self._group is None
+            )
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"loading {path} failed: {exc}") from exc
+        duration = time.monotonic() - t0
+        _events.emit(
+            "checkpoint_loaded",
+            step=chosen,
+            tier=self.tier,
+            bytes=nbytes,
+            duration_s=round(duration, 6),
+        )
+        logger.info("loaded step %d from %s in %.3f s", chosen, path, duration)
+        return chosen
+
+    def _agree_on_step(self, step: int | None) -> tuple[int | None, int]:
+        local = self.steps()
+        verdicts: dict[int, tuple[bool, str, int]] = {}
+
+        def check(s: int) -> bool:
+            if s not in verdicts:
+                verdicts[s] = _layout.verify_step(
+                    _layout.step_dir(self.root, s), self.rank, self.world_size
+                )
+                if not verdicts[s][0]:
+                    logger.warning("checkpoint step %d skipped: %s", s, verdicts[s][1])
+            return verdicts[s][0]
+
+        if step is not None:
+            status = 2 if step not in local else (0 if check(step) else 1)
+            code = _agree.min_max([status], self._group)[1][0]
+            if code == 2:
+                raise NoCheckpointError(f"step {step} is not committed under {self.root}")
+            if code == 1:
+                raise CheckpointCorruptError(f"step {step} under {self.root} failed verification")
+            return step, verdicts[step][2]
+        bound = None
+        while True:
+            candidate = next(
+                (s for s in reversed(local) if (bound is None or s <= bound) and check(s)), -1
+            )
+            mins, maxs = _agree.min_max([candidate, len(local)], self._group)
+            if mins[0] == maxs[0]:
+                break
+            if candidate > mins[0]:
+                logger.warning(
+                    "checkpoint step %d skipped: it failed verification on another rank", candidate
+                )
+            bound = mins[0]
+            if bound < 0:
+                break
+        if mins[0] < 0:
+            if maxs[1] > 0:
+                raise CheckpointCorruptError(
+                    f"no committed step under {self.root} verifies on every rank; see the warnings"
+                )
+            return None, 0
+        return mins[0], verdicts[mins[0]][2]
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Wait for the save in flight (collective), then stop the writer; idempotent."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._finalizer()
+            self._writer = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shutdown(writer: WriterProcess | None, arena: _staging.Arena) -> None:
+    if writer is not None:
+        writer.close()
+    arena.close()
