@@ -25,6 +25,7 @@ from resiliency.ft._distributed import allreduce_max
 from resiliency.ft._hot_path import COLD_TIMEOUT_S, HotPath
 from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import MonitorUnavailableError, ProtocolError
+from resiliency.ft.fault_hook import install_fault_hook
 from resiliency.ft.state import (
     merge_loaded_timeouts,
     timeouts_from_state_dict,
@@ -126,6 +127,7 @@ class RankMonitorClient(HotPath):
         self._sock, self._path, self._gone = sock, path, False
         _LIVE_CLIENTS.add(self)
         self._register_stack_dump(welcome["dump_path"])
+        install_fault_hook()  # a no-op unless resiliency-simulate asked for it
         if self._loaded is not None:
             self._apply_loaded(*self._loaded)
         logger.info("%s connected to its rank monitor at %s", self._who(), path)
