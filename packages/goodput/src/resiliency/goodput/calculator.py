@@ -164,9 +164,12 @@ def _effective_lengths(
     j = bisect.bisect_right([o[1] for o in overlays], lo) if overlays else 0
     n_over = len(overlays)
     for base in timeline.bases[first:]:
-        a, b = max(base.start, lo), min(base.end, hi)
-        if a >= hi:
+        if base.start > hi:
             break
+        a, b = max(base.start, lo), min(base.end, hi)
+        if b <= a:
+            lengths.append(0.0)
+            continue
         length = b - a
         while j < n_over and overlays[j][1] <= a:
             j += 1

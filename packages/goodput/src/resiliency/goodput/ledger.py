@@ -146,7 +146,8 @@ class _FileReader:
                         self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
                     else:
                         reason = getattr(exc, "msg", str(exc))
-                        self.warn(n, f"malformed line skipped ({reason}): {text[:80]!r}")
+                        shown = text[:80].decode("utf-8", "replace")
+                        self.warn(n, f"malformed line skipped ({reason}): {shown!r}")
         for n, obj in zip(numbers, objs, strict=True):
             self._add(n, obj)
 
@@ -223,6 +224,34 @@ def _check_clocks(ledger: Ledger) -> None:
             )
 
 
+def _finish_google(ledger: Ledger) -> None:
+    """Complete a Google log: a cycle with no load starts from step 0; the last end is a success.
+
+    That log marks progress only at saves, so a cycle that loads nothing gets a zero-length
+    load of step 0 at its start (marked ``synthetic``) as its first progress mark.
+    """
+    loaded_cycles = {ev.attempt for ev in ledger.events if ev.event == "checkpoint_loaded"}
+    added = []
+    for ev in ledger.events:
+        if ev.event == "cycle_started" and ev.attempt not in loaded_cycles:
+            data = {
+                **ev.data,
+                "event": "checkpoint_loaded",
+                "step": 0,
+                "tier": "persistent",
+                "bytes": 0,
+                "duration_s": 0.0,
+                "synthetic": True,
+            }
+            added.append(Event(ev.time, "checkpoint_loaded", data, ev.source, ev.line))
+    ends = [ev for ev in ledger.events if ev.event == "cycle_ended"]
+    starts = [ev for ev in ledger.events if ev.event == "cycle_started"]
+    if ends and (not starts or starts[-1].time <= ends[-1].time):
+        ends[-1].data["cause"] = "success"
+    ledger.events.extend(added)
+    ledger.events.sort(key=lambda e: e.time)
+
+
 def read_ledger(
     paths: Iterable[str | os.PathLike[str]],
     progress: Callable[[int, int], None] | None = None,
@@ -247,6 +276,8 @@ def read_ledger(
     for path in files:
         _FileReader(path, ledger).read(advance if progress is not None else None)
     ledger.events.sort(key=lambda e: e.time)
+    if ledger.google is not None:
+        _finish_google(ledger)
     ledger.steps.sort()
     _check_clocks(ledger)
     if len(ledger.jobs) > 1:

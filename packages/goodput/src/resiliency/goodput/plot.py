@@ -119,7 +119,7 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
 
     for ev in ledger.events:
         y = lane.get(ev.node, 1)
-        if ev.event == "checkpoint_loaded":
+        if ev.event == "checkpoint_loaded" and not ev.data.get("synthetic"):
             start = ev.time - float(ev.data["duration_s"])
             ax_lanes.barh(
                 y,

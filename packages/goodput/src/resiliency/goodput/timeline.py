@@ -235,7 +235,7 @@ def _cut_cycle(
     if failure is None and index + 1 < count:
         failure = marks[-1][0] if marks else cycle.start  # restarted with no failure recorded
     stop = cycle.end if failure is None else min(max(failure, cycle.start), cycle.end)
-    if not marks or marks[0][0] >= stop:
+    if not marks or marks[0][0] > stop:
         bases.append(Base(cycle.start, stop, before))
     else:
         first_time, first_step, is_load = marks[0]
@@ -244,7 +244,7 @@ def _cut_cycle(
             bases[-1].lost = 1
         prev_time, prev_step = first_time, first_step
         for when, step, _ in marks[1:]:
-            if when >= stop:
+            if when > stop:
                 break
             steps = step - prev_step
             if steps > 0:
