@@ -198,7 +198,7 @@ def test_torn_checkpoint_truncates_or_flips_the_newest_file(tmp_path: Path) -> N
     assert old.read_bytes() == bytes(range(256)) * 4
     assert new.read_bytes() != bytes(range(256)) * 4
     assert any("truncated" in a for a in actions) and any("flipped" in a for a in actions)
-    with pytest.raises(InjectionError, match="no checkpoint file"):
+    with pytest.raises(InjectionError, match="no committed checkpoint file"):
         tear_newest_file(tmp_path / "empty-does-not-exist", 0)
 
 

@@ -5,7 +5,7 @@ See docs/simulator.md.
 
 from resiliency.simulator.errors import InjectionError, PlanError, SimulatorError
 from resiliency.simulator.injectors import HOOK_ENV, HOOK_SIGNALS
-from resiliency.simulator.outcome import FaultOutcome, format_table, outcomes
+from resiliency.simulator.outcome import FaultOutcome, format_table, outcomes, timeline_of
 from resiliency.simulator.plan import FAULT_KINDS, NODE_FAULTS, Fault, FaultPlan
 from resiliency.simulator.runner import Injection, JobRunner, RunnerOptions
 
@@ -25,4 +25,5 @@ __all__ = [
     "SimulatorError",
     "format_table",
     "outcomes",
+    "timeline_of",
 ]

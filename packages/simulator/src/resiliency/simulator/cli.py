@@ -11,12 +11,11 @@ import logging
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from resiliency.goodput import Recorder, read_events
+from resiliency.goodput import Recorder, read_ledger
 from resiliency.simulator.errors import SimulatorError
-from resiliency.simulator.outcome import format_table, outcomes
+from resiliency.simulator.outcome import format_table, outcomes, timeline_of
 from resiliency.simulator.plan import FAULT_KINDS, FaultPlan
 from resiliency.simulator.runner import Injection, JobRunner, RunnerOptions
 
@@ -163,15 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         recorder.flush()
 
-    t0_wall = time.time()
     try:
         injections = runner.run(plan, args.duration, record)
     finally:
         recorder.close()
         if args.ckpt_tmpfs:
             _unmount(args.ckpt_dir)
-    events = list(read_events(goodput_dir))
-    print(format_table(outcomes(injections, events, t0_wall)))
+    timeline = timeline_of(read_ledger([goodput_dir]))
+    print(format_table(outcomes(injections, timeline, runner.t0_wall)))
     print(f"ledger: {goodput_dir}  (resiliency-goodput report {goodput_dir})")
     codes = sorted(set(runner.exit_codes.values()))
     print(f"launcher exit code(s): {', '.join(map(str, codes)) or 'none'}")

@@ -169,14 +169,24 @@ def lose_node(launcher: Proc, local_dir: Path | None) -> str:
 
 
 def tear_newest_file(root: Path, seed: int) -> str:
-    """Tear the newest checkpoint file under ``root``: truncate it, or flip one byte (seeded).
+    """Tear the newest committed checkpoint file under ``root``: truncate it or flip a byte.
+
+    Which of the two, and which byte, follow from ``seed``. Files under hidden names (a save
+    still being written) are left alone.
 
     Raises:
         InjectionError: no file under ``root``.
     """
-    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    # Only committed checkpoints: hidden names are saves in flight or trash being removed.
+    files = [
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
     if not files:
-        raise InjectionError(f"no checkpoint file under {root} to tear")
+        raise InjectionError(f"no committed checkpoint file under {root} to tear")
     newest = max(files, key=lambda p: (p.stat().st_mtime_ns, str(p)))
     rng = random.Random(seed)  # noqa: S311 (a reproducible fault, not security)
     size = newest.stat().st_size

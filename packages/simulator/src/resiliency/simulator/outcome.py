@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
+from resiliency.goodput import Ledger
 from resiliency.simulator.runner import Injection
 
-__all__ = ["FaultOutcome", "format_table", "outcomes"]
+__all__ = ["FaultOutcome", "format_table", "outcomes", "timeline_of"]
 
 _DETECTION_EVENTS = frozenset({"hang_detected", "cycle_ended", "job_ended", "preempted"})
 
@@ -37,24 +37,27 @@ class FaultOutcome:
     note: str
 
 
-def _wall(event: Mapping[str, Any]) -> float:
-    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+def timeline_of(ledger: Ledger) -> list[tuple[float, dict[str, Any]]]:
+    """Every event of a goodput ledger, steps included, as ``(wall time, fields)`` in order."""
+    merged = [(e.time, {**e.data, "event": e.event}) for e in ledger.events]
+    merged.extend((t, {"event": "step", "step": step}) for t, step, _attempt in ledger.steps)
+    merged.sort(key=lambda pair: pair[0])
+    return merged
 
 
 def outcomes(
-    injections: list[Injection], events: Iterable[Mapping[str, Any]], t0_wall: float
+    injections: list[Injection], timeline: Sequence[tuple[float, Mapping[str, Any]]], t0_wall: float
 ) -> list[FaultOutcome]:
     """Match each injection with what the ledger says happened after it.
 
     Args:
         injections: what the runner injected, in order.
-        events: the job's ledger events (any order).
+        timeline: the job's events as ``(wall time, fields)``, in time order (`timeline_of`).
         t0_wall: the job's start, wall-clock seconds.
 
     Returns:
         One outcome per injection.
     """
-    timeline = sorted(((_wall(e), e) for e in events), key=lambda pair: pair[0])
     result: list[FaultOutcome] = []
     for inj in injections:
         if inj.injected_wall is None or inj.error:

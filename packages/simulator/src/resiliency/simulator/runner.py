@@ -10,6 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from resiliency.simulator._proctree import Proc, descendants, kill_all, read_proc, workers
 from resiliency.simulator.errors import InjectionError, SimulatorError
@@ -49,6 +50,7 @@ class RunnerOptions:
         goodput_dir: the job's ledger directory, given to the job as ``RESILIENCY_GOODPUT_DIR``.
         env: extra environment for the job.
         wait_for_workers_s: how long an injection waits for a victim to exist.
+        stdout: where the launchers' output goes (an open file); None inherits ours.
     """
 
     command: list[str]
@@ -64,6 +66,7 @@ class RunnerOptions:
     goodput_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     wait_for_workers_s: float = 60.0
+    stdout: IO[Any] | None = None
 
 
 @dataclass
@@ -89,6 +92,7 @@ class JobRunner:
         self._slowdowns: list[SlowDown] = []
         self.exit_codes: dict[int, int] = {}
         self.t0 = 0.0
+        self.t0_wall = 0.0
 
     # -- the job's launchers -------------------------------------------------------------
 
@@ -100,7 +104,13 @@ class JobRunner:
         env["RESILIENCY_SIM_NODE"] = str(node)
         if self.options.goodput_dir is not None:
             env["RESILIENCY_GOODPUT_DIR"] = str(self.options.goodput_dir)
-        popen = subprocess.Popen(self._node_command(node), env=env, start_new_session=True)
+        popen = subprocess.Popen(
+            self._node_command(node),
+            env=env,
+            start_new_session=True,
+            stdout=self.options.stdout,
+            stderr=subprocess.STDOUT if self.options.stdout is not None else None,
+        )
         self._nodes[node] = popen
         proc = read_proc(popen.pid)
         if proc is not None:
@@ -109,7 +119,7 @@ class JobRunner:
 
     def start(self) -> None:
         """Start every node's launcher, node 0 first."""
-        self.t0 = time.monotonic()
+        self.t0, self.t0_wall = time.monotonic(), time.time()
         for node in range(self.options.nodes):
             if node:
                 time.sleep(self.options.node_start_delay_s)
