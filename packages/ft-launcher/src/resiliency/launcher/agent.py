@@ -29,6 +29,7 @@ from resiliency.launcher.health import HealthCheck, run_health_checks
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState, RestartPolicy
+from resiliency.launcher.preemption import Preemption, env_for, is_preempted
 from resiliency.launcher.shared_state import SharedRoundState
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
@@ -64,6 +65,7 @@ class AgentSettings:
         workers_stop_timeout: SIGTERM -> SIGKILL delay when stopping workers for a restart.
         health_checks: run before every (re)join of the rendezvous.
         finished_flag_file: passed to the workers as FAULT_TOL_FINISHED_FLAG_FILE.
+        preemption: graceful preemption (workers that saved exit 75: no restart, exit 5).
     """
 
     ft_cfg: FaultToleranceConfig
@@ -72,6 +74,7 @@ class AgentSettings:
     workers_stop_timeout: float
     health_checks: tuple[HealthCheck, ...] = ()
     finished_flag_file: str | None = None
+    preemption: Preemption | None = None
 
 
 class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
@@ -139,6 +142,7 @@ class FtElasticAgent(CompatAgent):
         env = {MONITOR_SOCKET_ENV: self._monitors.socket_path(local_rank)}
         if self._settings.finished_flag_file:
             env[FINISHED_FLAG_ENV] = self._settings.finished_flag_file
+        env.update(env_for(self._settings.preemption))
         return env
 
     def before_rendezvous(self) -> None:
@@ -338,7 +342,7 @@ class FtElasticAgent(CompatAgent):
             self._stop_workers(self._worker_group)
             return _stopped()
 
-    def _supervise(self) -> RunResult:
+    def _supervise(self) -> RunResult:  # noqa: PLR0911 - one return per way the job ends
         group = self._worker_group
         spec = group.spec
         self.initialize_workers()
@@ -346,6 +350,11 @@ class FtElasticAgent(CompatAgent):
             time.sleep(spec.monitor_interval)
             result = self._monitor_workers(group)
             group.state = result.state
+            if result.state == WorkerState.FAILED and (
+                preempted := is_preempted(self._settings.preemption, self)
+            ):
+                self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
+                return result
             shared = self._shared.snapshot() if self._shared is not None else None
 
             if self._cycle.shutdown is not None:

@@ -15,6 +15,8 @@ Codes 2 and up are this toolkit's own.
 3   SHUTDOWN_WORKLOAD     a rank asked for ``ShutdownWorkload``: do NOT requeue the job
 4   NODE_EXCLUDED         this node left the job (``ExcludeThisNode`` or a failed health
                           check): requeue without this node
+5   PREEMPTED             the workers saved an emergency checkpoint and exited 75 ("preempted,
+                          saved step N"): requeue the job, it resumes from that step
 ==  ====================  ===================================================================
 
 The same verdict is also written as JSON to ``--exit-status-file`` when given, because an exit
@@ -36,3 +38,4 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     SHUTDOWN_WORKLOAD = 3
     NODE_EXCLUDED = 4
+    PREEMPTED = 5

@@ -9,6 +9,7 @@ import os
 import signal
 import uuid
 from types import FrameType
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
@@ -29,6 +30,7 @@ from resiliency.launcher.health import (
 from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.options import LauncherOptions
 from resiliency.launcher.policy import policy_from_name
+from resiliency.launcher.preemption import Preemption, clean_up, is_preempted
 from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
 
 __all__ = ["build_health_checks", "launch"]
@@ -114,6 +116,7 @@ def launch(
     term_timeout = options.term_timeout
     if term_timeout is None:
         term_timeout = float(config.shutdown_timeout or 30)
+    preemption = Preemption(term_timeout)
 
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -154,6 +157,7 @@ def launch(
             workers_stop_timeout=options.workers_stop_timeout,
             health_checks=health_checks,
             finished_flag_file=options.finished_flag_file,
+            preemption=preemption,
         ),
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
@@ -193,7 +197,10 @@ def launch(
             rdzv_handler.shutdown()
         except Exception:  # the store host may be gone already; nothing left to close
             logger.warning("closing the rendezvous failed", exc_info=True)
-    _report(agent, outcome, options.exit_status_file)
+    if outcome.exit_code != ExitCode.PREEMPTED and (detail := is_preempted(preemption, agent)):
+        outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. after a forwarded SIGTERM
+    _report(agent, outcome, options.exit_status_file, preemption.status_fields())
+    clean_up(preemption)
     return int(outcome.exit_code)
 
 
@@ -228,7 +235,9 @@ def _outcome_after_signal(agent: FtElasticAgent, sig: signal.Signals) -> Outcome
     return Outcome(ExitCode.FAILURE, "signal", detail)
 
 
-def _report(agent: FtElasticAgent, outcome: Outcome, status_file: str | None) -> None:
+def _report(
+    agent: FtElasticAgent, outcome: Outcome, status_file: str | None, extra: dict[str, Any]
+) -> None:
     level = logging.INFO if outcome.exit_code == 0 else logging.ERROR
     logger.log(
         level,
@@ -248,6 +257,7 @@ def _report(agent: FtElasticAgent, outcome: Outcome, status_file: str | None) ->
             "hangs_detected": agent.hangs_detected,
             "failures": agent.attempt_causes,
             "hang_verdicts": agent.verdicts,
+            **extra,
         }
         tmp = f"{status_file}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -1,0 +1,141 @@
+"""Graceful preemption: workers that saved an emergency checkpoint exit 75, the launcher exits 5.
+
+The contract with ``resiliency.checkpoint.EmergencyCheckpoint`` (both sides read the same
+environment variables; neither imports the other):
+
+* every worker gets ``RESILIENCY_PREEMPTED_EXIT_CODE=75``, ``RESILIENCY_EXIT_INFO_DIR`` (a private
+  directory of this launcher) and ``RESILIENCY_TERM_TIMEOUT_S`` (``--term-timeout``: the time a
+  worker has between the forwarded SIGTERM and SIGKILL);
+* a rank that finished its emergency save writes ``rank_<RANK>.json`` =
+  ``{"reason": "preempted", "step": N}`` there and exits 75;
+* when the workers of this node exited that way (75, or 0, or stopped by the launcher itself),
+  the launcher does not restart them and exits 5 (``PREEMPTED``), with
+  "preempted, saved step N" in ``--exit-status-file``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EXIT_INFO_DIR_ENV",
+    "PREEMPTED_EXIT_CODE",
+    "PREEMPTED_EXIT_CODE_ENV",
+    "TERM_TIMEOUT_ENV",
+    "Preemption",
+]
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later", as a requeued job will
+PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
+EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
+TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
+
+# Exit codes a worker stopped by the launcher itself can show next to the ones that saved.
+_STOPPED_BY_LAUNCHER = {0, -int(signal.SIGTERM), -int(signal.SIGKILL)}
+
+
+class Preemption:
+    """This launcher's side of graceful preemption.
+
+    Args:
+        term_timeout: seconds between the forwarded SIGTERM and SIGKILL (``--term-timeout``).
+    """
+
+    def __init__(self, term_timeout: float) -> None:
+        self.term_timeout = term_timeout
+        self.directory = Path(tempfile.mkdtemp(prefix="ft-exit-"))  # mode 0700
+        self.step: int | None = None
+
+    def worker_env(self) -> dict[str, str]:
+        """The environment every worker gets."""
+        return {
+            PREEMPTED_EXIT_CODE_ENV: str(PREEMPTED_EXIT_CODE),
+            EXIT_INFO_DIR_ENV: str(self.directory),
+            TERM_TIMEOUT_ENV: f"{self.term_timeout:g}",
+        }
+
+    def verdict(self, codes: Mapping[int, int | None]) -> str | None:
+        """Tell whether this node's workers ended by a graceful preemption.
+
+        Args:
+            codes: local rank -> exit code (None while running) of the current workers.
+
+        Returns:
+            The detail line ("preempted, saved step N ...") when at least one worker exited 75
+            and every other one exited 75, 0 or was stopped by the launcher; else None.
+        """
+        done = [code for code in codes.values() if code is not None]
+        if len(done) != len(codes) or PREEMPTED_EXIT_CODE not in done:
+            return None
+        if any(c not in _STOPPED_BY_LAUNCHER and c != PREEMPTED_EXIT_CODE for c in done):
+            return None
+        infos = self._exit_infos()
+        steps = sorted({i["step"] for i in infos.values() if isinstance(i.get("step"), int)})
+        saved = sum(1 for code in done if code == PREEMPTED_EXIT_CODE)
+        if len(steps) == 1:
+            self.step = steps[0]
+            return (
+                f"preempted, saved step {steps[0]}: emergency checkpoint on {saved} of "
+                f"{len(codes)} local worker(s)"
+            )
+        what = f"steps {steps}" if steps else "no exit info"
+        logger.warning("workers exited as preempted but report %s in %s", what, self.directory)
+        return f"preempted; {saved} of {len(codes)} local worker(s) exited 75 ({what})"
+
+    def _exit_infos(self) -> dict[str, dict[str, Any]]:
+        infos: dict[str, dict[str, Any]] = {}
+        for path in sorted(self.directory.glob("rank_*.json")):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                logger.warning("unreadable exit info %s: %s", path, exc)
+                continue
+            if isinstance(data, dict):
+                infos[path.name] = data
+        return infos
+
+    def status_fields(self) -> dict[str, Any]:
+        """Extra fields for ``--exit-status-file`` (the saved step, once known)."""
+        return {"preempted_step": self.step} if self.step is not None else {}
+
+    def close(self) -> None:
+        """Remove the exit-info directory."""
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.directory)
+
+
+def worker_codes(agent: Any) -> dict[int, int | None]:
+    """Exit codes of the agent's current workers (empty when none was started)."""
+    try:
+        return dict(agent.worker_returncodes())
+    except Exception as exc:  # the process context may be half torn down
+        logger.debug("cannot read the worker exit codes: %s", exc)
+        return {}
+
+
+def is_preempted(preemption: Preemption | None, agent: Any) -> str | None:
+    """Return the preemption detail when ``agent``'s workers ended by a graceful preemption."""
+    if preemption is None:
+        return None
+    return preemption.verdict(worker_codes(agent))
+
+
+def clean_up(preemption: Preemption | None) -> None:
+    """Remove the exit-info directory, if any."""
+    if preemption is not None:
+        preemption.close()
+
+
+def env_for(preemption: Preemption | None) -> dict[str, str]:
+    """Worker environment for graceful preemption (empty when disabled)."""
+    return preemption.worker_env() if preemption is not None else {}

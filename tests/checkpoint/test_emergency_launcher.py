@@ -1,0 +1,130 @@
+"""Seeded trials: SIGTERM to one node's ft-launcher (two launchers on loopback as two nodes).
+
+The signalled launcher forwards SIGTERM to its worker only; the other node's worker learns the
+stop step through the job's store. Every trial checks: both workers save the same step
+(``noticed + lead``), both launchers exit 5 (PREEMPTED) without restarting, their
+``--exit-status-file`` says "preempted, saved step N", and the next job resumes from N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from emergency_harness import (
+    JOB,
+    Job,
+    committed_steps,
+    free_port,
+    kill_pid_group,
+    noticed_steps,
+    resumed_step,
+    wait_for_files,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
+
+from launcher_harness import Launcher
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 6
+LEAD = 2
+PREEMPTED_LAUNCHER_EXIT = 5
+
+
+def _worker_pids(markers: Path) -> list[int]:
+    return [int(p.name.rsplit("-", 1)[1]) for p in markers.glob("ready-*")]
+
+
+@pytest.fixture
+def launchers(tmp_path: Path) -> Iterator[list[Launcher]]:
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        launcher.kill()
+    for pid in _worker_pids(tmp_path / "markers"):
+        kill_pid_group(pid)
+
+
+def _start_two_nodes(tmp_path: Path, started: list[Launcher]) -> tuple[Launcher, Launcher]:
+    port = free_port()
+    nodes = []
+    for name in ("a", "b"):
+        args = [
+            "--nnodes", "2",
+            "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", f"job-{port}",
+            "--rdzv-conf",
+            "join_timeout=60,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2",
+            "--local-addr", "127.0.0.1",
+            "--max-restarts", "2",
+            "--monitor-interval", "0.1",
+            "--no-gpu-health-check",
+            "--term-timeout", "30",
+            "--exit-status-file", str(tmp_path / f"status-{name}.json"),
+            str(JOB), "--root", str(tmp_path), "--lead", str(LEAD),
+        ]  # fmt: skip
+        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        node = Launcher(args, tmp_path / f"node-{name}.log", env=env)
+        started.append(node)
+        nodes.append(node)
+        if name == "a":  # A hosts the rendezvous store: it must be up before B joins
+            node.wait_for_log("worker(s) on this node", 60)
+    return nodes[0], nodes[1]
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_sigterm_to_one_nodes_launcher(
+    tmp_path: Path, launchers: list[Launcher], seed: int
+) -> None:
+    victim = seed % 2  # node A (hosting the rendezvous store) or node B
+    delay = random.Random(1000 + seed).uniform(0.0, 1.5)
+    a, b = _start_two_nodes(tmp_path, launchers)
+
+    class _Logs:
+        def log(self) -> str:
+            return a.log() + b.log()
+
+    wait_for_files(tmp_path / "markers", "ready-*", 2, 90, _Logs())
+    time.sleep(delay)
+    (a, b)[victim].signal(signal.SIGTERM)
+    codes = [a.wait(90), b.wait(90)]
+    logs = a.log() + b.log()
+    assert codes == [PREEMPTED_LAUNCHER_EXIT] * 2, logs[-10000:]
+    assert "restarting" not in logs and "re-forming" not in logs, logs[-10000:]
+    statuses = [json.loads((tmp_path / f"status-{n}.json").read_text()) for n in "ab"]
+    steps = {s["preempted_step"] for s in statuses}
+    assert len(steps) == 1, statuses
+    step = steps.pop()
+    for status in statuses:
+        assert status["exit_code"] == PREEMPTED_LAUNCHER_EXIT
+        assert status["reason"] == "preempted"
+        assert f"preempted, saved step {step}" in status["detail"]
+    assert committed_steps(tmp_path) == [step], logs[-10000:]
+    noticed = noticed_steps(logs)
+    assert len(noticed) == 1, logs[-10000:]  # only the signalled node's worker got SIGTERM
+    assert step == noticed[0] + LEAD, (noticed, step)
+    # Nothing is left running.
+    for pid in _worker_pids(tmp_path / "markers"):
+        with contextlib.suppress(FileNotFoundError):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state == "Z", f"worker {pid} still running"
+    # The next job resumes from the saved step.
+    job = Job(tmp_path, ["--steps", str(step + 3), "--step-time", "0"], name="resume")
+    try:
+        resume_codes = job.wait(60)
+    finally:
+        job.kill()
+    assert resume_codes == [0, 0], job.log()[-8000:]
+    assert resumed_step(job.log()) == step
