@@ -1,0 +1,366 @@
+"""Controller policies: small, testable rules with hysteresis that turn samples into decisions.
+
+Each policy sees an :class:`Observation` per controller cycle and returns :class:`Decision`
+objects. A policy only counts *new* samples (a node's ``seq`` advanced since the previous cycle),
+so one stale sample, read twice, never counts twice, and a sample older than ``max_age`` (by
+the writer's clock) is never acted on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from resiliency.supervisor.document import NodeStatus
+from resiliency.supervisor.errors import PolicyError
+from resiliency.supervisor.gpu import CRITICAL_XIDS
+
+__all__ = [
+    "Decision",
+    "GpuHealthPolicy",
+    "NodeLostPolicy",
+    "NodeView",
+    "Observation",
+    "Policy",
+    "RepeatedFailurePolicy",
+    "StragglerPolicy",
+    "load_policies",
+]
+
+_ACTIVE = ("running", "restarting")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One live node in a cycle.
+
+    Attributes:
+        status: its latest document.
+        new: True when ``status`` is a sample the controller had not seen.
+        host: the host daemon's latest document for the node, if any.
+        host_new: True when ``host`` is new.
+    """
+
+    status: NodeStatus
+    new: bool
+    host: NodeStatus | None = None
+    host_new: bool = False
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the controller read in one cycle.
+
+    Attributes:
+        nodes: the live nodes by id.
+        lost: nodes whose document expired since the previous cycle (their last document).
+        ttl: seconds a document lives after its last put (2 intervals).
+        now: the controller's wall time.
+    """
+
+    nodes: dict[str, NodeView]
+    lost: dict[str, NodeStatus] = field(default_factory=dict)
+    ttl: float = 0.0
+    now: float = field(default_factory=time.time)
+
+    def owner_of(self, rank: int) -> str | None:
+        """The node whose workers include global rank ``rank``."""
+        for node, view in self.nodes.items():
+            if rank in view.status.ranks and view.status.state in _ACTIVE:
+                return node
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One action for one node, with why.
+
+    Attributes:
+        node: the node to act on.
+        action: ``exclude``, ``restart`` or ``shutdown``.
+        policy: the deciding policy's name.
+        reason: one line.
+        evidence: the samples the decision rests on.
+    """
+
+    node: str
+    action: str
+    policy: str
+    reason: str
+    evidence: dict[str, Any]
+
+
+class Policy:
+    """Base class: ``decide`` one observation at a time; keep hysteresis state between calls."""
+
+    name = "policy"
+
+    def decide(self, obs: Observation) -> list[Decision]:
+        """Return the decisions for this cycle."""
+        raise NotImplementedError
+
+
+def _fresh(view: NodeView, now: float, max_age: float) -> bool:
+    return view.new and now - view.status.time <= max_age
+
+
+class StragglerPolicy(Policy):
+    """Exclude a node after ``consecutive`` straggler reports in a row scoring it below
+    ``threshold`` (its slowest rank's lowest score of any kind); one report at or above the
+    threshold resets the count.
+
+    Args:
+        threshold: score below which a report counts against the node (1.0 = as fast as
+            expected).
+        consecutive: reports in a row needed.
+        max_age: a sample older than this (seconds, writer's clock) is not acted on.
+    """
+
+    name = "straggler"
+
+    def __init__(self, threshold: float = 0.7, consecutive: int = 3, max_age: float = 60.0):
+        if not 0 < threshold <= 1.5 or consecutive < 1:
+            raise PolicyError("straggler: threshold must be in (0, 1.5], consecutive >= 1")
+        self.threshold = threshold
+        self.consecutive = consecutive
+        self.max_age = max_age
+        self._seen: dict[str, int] = {}
+        self._history: dict[str, list[dict[str, Any]]] = {}
+
+    def decide(self, obs: Observation) -> list[Decision]:
+        """See :class:`Policy`."""
+        decisions = []
+        for reporter, view in sorted(obs.nodes.items()):
+            status = view.status
+            if not _fresh(view, obs.now, self.max_age):
+                continue
+            if status.straggler_seq <= self._seen.get(reporter, 0) or not status.straggler:
+                self._seen[reporter] = max(self._seen.get(reporter, 0), status.straggler_seq)
+                continue
+            self._seen[reporter] = status.straggler_seq
+            worst: dict[str, tuple[float, int, str]] = {}
+            for rank, kinds in status.straggler.items():
+                owner = obs.owner_of(rank)
+                if owner is None or not kinds:
+                    continue
+                kind, score = min(kinds.items(), key=lambda kv: kv[1])
+                if owner not in worst or score < worst[owner][0]:
+                    worst[owner] = (score, rank, kind)
+            for owner, (score, rank, kind) in sorted(worst.items()):
+                history = self._history.setdefault(owner, [])
+                if score >= self.threshold:
+                    history.clear()
+                    continue
+                history.append(
+                    {
+                        "reporter": reporter,
+                        "report": status.straggler_seq,
+                        "rank": rank,
+                        "kind": kind,
+                        "score": round(score, 4),
+                    }
+                )
+                if len(history) >= self.consecutive:
+                    evidence = {"threshold": self.threshold, "reports": list(history)}
+                    history.clear()
+                    decisions.append(
+                        Decision(
+                            owner,
+                            "exclude",
+                            self.name,
+                            f"{self.consecutive} straggler reports in a row below {self.threshold} "
+                            f"(last: rank {rank} {kind} score {score:.3f})",
+                            evidence,
+                        )
+                    )
+        return decisions
+
+
+class GpuHealthPolicy(Policy):
+    """Exclude a node at once on an uncorrectable ECC error or a critical XID in a fresh sample
+    (from its launcher or its host daemon). Throttling is reported in the status, not acted on.
+
+    Args:
+        xids: the XIDs that exclude a node.
+        ecc: exclude on uncorrectable ECC errors.
+        max_age: a sample older than this (seconds, writer's clock) is not acted on.
+    """
+
+    name = "gpu_health"
+
+    def __init__(
+        self, xids: frozenset[int] = CRITICAL_XIDS, ecc: bool = True, max_age: float = 60.0
+    ) -> None:
+        self.xids = frozenset(int(x) for x in xids)
+        self.ecc = ecc
+        self.max_age = max_age
+
+    def decide(self, obs: Observation) -> list[Decision]:
+        """See :class:`Policy`."""
+        decisions = []
+        for node, view in sorted(obs.nodes.items()):
+            samples = [view.status] if _fresh(view, obs.now, self.max_age) else []
+            if view.host is not None and view.host_new:
+                samples.append(view.host)
+            for status in samples:
+                bad = [
+                    {
+                        "gpu": d.index,
+                        "ecc_uncorrectable": d.ecc_uncorrectable,
+                        "xid": sorted(set(d.xid) & self.xids),
+                    }
+                    for d in status.gpu
+                    if (self.ecc and d.ecc_uncorrectable > 0) or set(d.xid) & self.xids
+                ]
+                if bad and view.status.state in (*_ACTIVE, "waiting"):
+                    what = ", ".join(
+                        f"GPU {b['gpu']}: "
+                        + (
+                            f"{b['ecc_uncorrectable']} uncorrectable ECC"
+                            if b["ecc_uncorrectable"]
+                            else f"XID {b['xid']}"
+                        )
+                        for b in bad
+                    )
+                    evidence = {"sample_seq": status.seq, "sample_time": status.time, "gpus": bad}
+                    decisions.append(Decision(node, "exclude", self.name, what, evidence))
+                    break
+        return decisions
+
+
+class RepeatedFailurePolicy(Policy):
+    """Stop the job when ``consecutive`` cycles in a row failed with the same root cause.
+
+    A node reports its cycle failures (``failures``: attempt and normalized cause such as
+    ``hang:heartbeat`` or ``exit:1``); causes that only say another node failed do not count.
+
+    Args:
+        consecutive: cycles in a row with one cause.
+    """
+
+    name = "repeated_failure"
+
+    def __init__(self, consecutive: int = 3) -> None:
+        if consecutive < 2:
+            raise PolicyError("repeated_failure: consecutive must be >= 2")
+        self.consecutive = consecutive
+        self._acted: dict[str, int] = {}
+
+    def decide(self, obs: Observation) -> list[Decision]:
+        """See :class:`Policy`."""
+        for node, view in sorted(obs.nodes.items()):
+            if not view.new:
+                continue
+            own = [f for f in view.status.failures if f.get("cause") not in (None, "peer")]
+            last = own[-self.consecutive :]
+            if len(last) < self.consecutive or len({f["cause"] for f in last}) != 1:
+                continue
+            attempt = int(last[-1].get("attempt", 0))
+            if self._acted.get(node, -1) >= attempt:
+                continue
+            self._acted[node] = attempt
+            cause = last[0]["cause"]
+            return [
+                Decision(
+                    node,
+                    "shutdown",
+                    self.name,
+                    f"{self.consecutive} cycles in a row failed with the same root cause: {cause}",
+                    {"failures": last},
+                )
+            ]
+        return []
+
+
+class NodeLostPolicy(Policy):
+    """A node whose document expired while it was running is lost (a dead launcher or host):
+    restart the workers of the nodes still running so that the group re-forms without it.
+
+    Args:
+        restart_survivors: write restart intents for the running nodes (False: only report).
+    """
+
+    name = "node_lost"
+
+    def __init__(self, restart_survivors: bool = True) -> None:
+        self.restart_survivors = restart_survivors
+
+    def decide(self, obs: Observation) -> list[Decision]:
+        """See :class:`Policy`."""
+        lost = {n: s for n, s in obs.lost.items() if s.state in _ACTIVE}
+        if not lost or not self.restart_survivors:
+            return []
+        evidence = {
+            "lost": {
+                n: {
+                    "last_seq": s.seq,
+                    "last_seen_s_ago": round(obs.now - s.time, 3),
+                    "state": s.state,
+                }
+                for n, s in sorted(lost.items())
+            },
+            "ttl_s": obs.ttl,
+        }
+        reason = "node(s) " + ", ".join(sorted(lost)) + " lost: document expired"
+        return [
+            Decision(node, "restart", self.name, reason, evidence)
+            for node, view in sorted(obs.nodes.items())
+            if view.status.state == "running"
+        ]
+
+
+_FACTORIES: dict[str, Any] = {
+    "straggler": StragglerPolicy,
+    "gpu_health": GpuHealthPolicy,
+    "repeated_failure": RepeatedFailurePolicy,
+    "node_lost": NodeLostPolicy,
+}
+
+
+def load_policies(source: str | Path | dict[str, Any] | None) -> tuple[list[Policy], float]:
+    """Build the policies from a YAML file (or its parsed dict) and return the cycle interval.
+
+    The file::
+
+        interval: 5.0            # controller cycle, seconds
+        policies:
+          straggler: {threshold: 0.7, consecutive: 3}
+          gpu_health: {ecc: true, xids: [48, 79, 94, 95]}
+          repeated_failure: {consecutive: 3}
+          node_lost: {restart_survivors: true}
+
+    A policy left out is off; ``None`` (no file) turns every policy on with its defaults.
+
+    Raises:
+        PolicyError: unknown policy or setting, or an unreadable file.
+    """
+    if source is None:
+        return [factory() for factory in _FACTORIES.values()], 5.0
+    if isinstance(source, dict):
+        doc = source
+    else:
+        try:
+            doc = yaml.safe_load(Path(source).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise PolicyError(f"cannot read the policy file {source}: {exc}") from exc
+    if not isinstance(doc, dict) or set(doc) - {"interval", "policies"}:
+        raise PolicyError("a policy file has the keys 'interval' and 'policies' only")
+    policies = []
+    for name, settings in (doc.get("policies") or {}).items():
+        if name not in _FACTORIES:
+            raise PolicyError(f"unknown policy {name!r}; known: {', '.join(_FACTORIES)}")
+        kwargs = dict(settings or {})
+        if "xids" in kwargs:
+            kwargs["xids"] = frozenset(kwargs["xids"])
+        try:
+            policies.append(_FACTORIES[name](**kwargs))
+        except TypeError as exc:
+            raise PolicyError(f"policy {name!r}: {exc}") from None
+    interval = float(doc.get("interval", 5.0))
+    if interval <= 0:
+        raise PolicyError("interval must be > 0 seconds")
+    return policies, interval

@@ -1,0 +1,195 @@
+"""The node sensor: one document per interval into the backend, and the node's intents back.
+
+A :class:`NodeSensor` runs one thread. Each interval it builds a
+:class:`~resiliency.supervisor.document.NodeStatus` from a *probe* (a callable returning what
+the owner knows: the launcher's state, restarts, hangs, per-rank heartbeat age and section), the
+goodput ledger (steps, checkpoints, straggler reports) and NVML, and puts it with a ttl of two
+intervals: ONE write per interval. Between two writes it waits for a change of the node's intent
+key (an etcd watch, or a TCPStore poll) and hands a new intent to ``on_intent``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from resiliency.supervisor._ledger import LedgerTail
+from resiliency.supervisor.backend import Backend
+from resiliency.supervisor.document import NodeStatus, keys_for
+from resiliency.supervisor.errors import SupervisorError
+from resiliency.supervisor.gpu import GpuWatch
+from resiliency.supervisor.intents import Intent
+
+__all__ = ["DEFAULT_INTERVAL_S", "NodeSensor", "Probe"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 5.0
+#: A document lives this many intervals after its last put.
+TTL_INTERVALS = 2.0
+
+#: Returns the fields of NodeStatus the owner knows (state, ranks, restarts, hangs, failures...).
+Probe = Callable[[], dict[str, Any]]
+
+
+class NodeSensor:
+    """Publishes a node's status every ``interval`` seconds and watches its intents.
+
+    Args:
+        backend: where to publish.
+        node: the node's id (its key).
+        probe: returns the owner's fields of :class:`NodeStatus` (at least ``state``).
+        interval: seconds between two publications.
+        ledger_dir: the goodput ledger directory to follow (None: ``RESILIENCY_GOODPUT_DIR``,
+            and no ledger when that is unset).
+        gpu: the GPU watchdogs (None: a new :class:`GpuWatch`; pass ``False`` for none).
+        on_intent: called (on the sensor's thread) with every new intent for this node.
+        host_daemon: publish under ``hosts/`` instead of ``nodes/``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        node: str,
+        probe: Probe,
+        *,
+        interval: float = DEFAULT_INTERVAL_S,
+        ledger_dir: str | None = None,
+        gpu: GpuWatch | bool | None = None,
+        on_intent: Callable[[Intent], None] | None = None,
+        host_daemon: bool = False,
+    ) -> None:
+        if interval <= 0:
+            raise SupervisorError(f"the sensor interval must be > 0 s, got {interval}")
+        self.backend = backend
+        self.node = node
+        self.interval = float(interval)
+        self._probe = probe
+        keys = keys_for(backend.namespace)
+        self.key = keys.host(node) if host_daemon else keys.node(node)
+        self._intent_key = keys.intent(node)
+        directory = (
+            ledger_dir if ledger_dir is not None else os.environ.get("RESILIENCY_GOODPUT_DIR")
+        )
+        self._ledger = LedgerTail(directory) if directory else None
+        self._gpu: GpuWatch | None = GpuWatch() if gpu is None or gpu is True else gpu or None
+        self._on_intent = on_intent
+        self._seq = 0
+        self._intent_raw: bytes | None = None
+        self.intent_done = 0
+        self.latest: NodeStatus | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_error = 0.0
+
+    # -- one sample ----------------------------------------------------------------------------
+    def sample(self) -> NodeStatus:
+        """Build the current document (no I/O to the backend)."""
+        fields = dict(self._probe())
+        ranks = {int(r) for r in fields.get("ranks", {})}
+        if self._ledger is not None:
+            self._ledger.poll(ranks)
+            fields.setdefault("step", self._ledger.step)
+            fields.setdefault("checkpoint_age", self._ledger.checkpoint_age())
+            fields.setdefault("straggler_seq", self._ledger.straggler_seq)
+            fields.setdefault("straggler", self._ledger.straggler)
+        if self._gpu is not None:
+            fields["gpu"] = self._gpu.sample()
+            fields["gpu_note"] = self._gpu.note
+        self._seq += 1
+        fields.setdefault("intent_done", self.intent_done)
+        return NodeStatus(
+            node=self.node,
+            seq=self._seq,
+            time=time.time(),
+            interval=self.interval,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            **fields,
+        )
+
+    def publish_once(self) -> NodeStatus:
+        """Sample and put the document (one write)."""
+        status = self.sample()
+        self.backend.put(self.key, status.to_json(), ttl=TTL_INTERVALS * self.interval)
+        self.latest = status
+        return status
+
+    def check_intent(self, timeout: float = 0.0) -> Intent | None:
+        """Wait up to ``timeout`` for a new intent; hand it to ``on_intent`` and return it."""
+        raw = self.backend.wait_for_change(self._intent_key, self._intent_raw, timeout)
+        if raw == self._intent_raw or raw is None:
+            self._intent_raw = raw
+            return None
+        self._intent_raw = raw
+        try:
+            intent = Intent.from_json(raw)
+        except SupervisorError as exc:
+            logger.error("ignoring an invalid intent for node %s: %s", self.node, exc)
+            return None
+        if intent.id <= self.intent_done or intent.node != self.node:
+            return None
+        self.intent_done = intent.id
+        logger.warning(
+            "supervisor intent %d for node %s: %s (%s: %s)",
+            intent.id,
+            self.node,
+            intent.action,
+            intent.policy,
+            intent.reason,
+        )
+        if self._on_intent is not None:
+            self._on_intent(intent)
+        return intent
+
+    # -- the thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start publishing on a daemon thread (the first document is put at once)."""
+        if self._thread is not None:
+            return
+        try:  # an intent written before this launcher started is history, not an order
+            self._intent_raw = self.backend.get(self._intent_key)
+            if self._intent_raw is not None:
+                self.intent_done = Intent.from_json(self._intent_raw).id
+        except SupervisorError as exc:
+            logger.warning("cannot read the current intent of node %s: %s", self.node, exc)
+        self._thread = threading.Thread(target=self._run, name="supervisor-sensor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_put = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_put:
+                    next_put = time.monotonic() + self.interval
+                    self.publish_once()
+                self.check_intent(timeout=max(0.0, next_put - time.monotonic()))
+            except Exception as exc:  # the backend is down: keep trying, log once a minute
+                now = time.monotonic()
+                if now - self._last_error > 60:
+                    self._last_error = now
+                    logger.warning("supervisor sensor of node %s: %s", self.node, exc)
+                self._stop.wait(min(self.interval, 1.0))
+
+    def stop(self, final: bool = True) -> None:
+        """Stop the thread; put one last document first when ``final``.
+
+        Args:
+            final: publish the final state (e.g. ``excluded``) before stopping.
+        """
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 15.0)
+            self._thread = None
+        if final:
+            try:
+                self.publish_once()
+            except Exception as exc:
+                logger.warning("could not publish the final state of node %s: %s", self.node, exc)
+        if self._gpu is not None:
+            self._gpu.close()
