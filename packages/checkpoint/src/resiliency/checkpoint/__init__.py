@@ -6,6 +6,13 @@ Every checkpoint is a standard ``torch.distributed.checkpoint`` (DCP) checkpoint
 
 from __future__ import annotations
 
+from ._emergency import (
+    EXIT_INFO_DIR_ENV,
+    PREEMPTED_EXIT_CODE_ENV,
+    TERM_TIMEOUT_ENV,
+    EmergencyCheckpoint,
+    EmergencyCheckpointError,
+)
 from .app_state import AppState
 from .errors import (
     CheckpointCorruptError,
@@ -17,10 +24,15 @@ from .errors import (
 from .manager import CheckpointManager, SaveHandle
 
 __all__ = [
+    "EXIT_INFO_DIR_ENV",
+    "PREEMPTED_EXIT_CODE_ENV",
+    "TERM_TIMEOUT_ENV",
     "AppState",
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointManager",
+    "EmergencyCheckpoint",
+    "EmergencyCheckpointError",
     "NoCheckpointError",
     "SaveFailedError",
     "SaveHandle",
