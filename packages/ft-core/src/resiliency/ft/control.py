@@ -233,6 +233,19 @@ class MonitorProcess:
         """
         self._request({"t": "worker_stopped"})
 
+    def watch_status(self) -> dict[str, Any]:
+        """Return what the monitor sees of its worker now (a cold request, not the hot path).
+
+        Returns:
+            ``{"hb_age": seconds since the last heartbeat or None, "section": the innermost
+            open section or None}``; empty while no worker is watched.
+
+        Raises:
+            MonitorUnavailableError: The monitor is gone.
+        """
+        watch: dict[str, Any] = self._request({"t": "watch_status"}).get("watch", {})
+        return watch
+
     def request_stack_dump(self) -> None:
         """Ask the monitor for its worker's Python stacks, leaving the worker running.
 

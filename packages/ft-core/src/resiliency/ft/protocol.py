@@ -80,9 +80,10 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     },
     "worker_stopped": {},
     "dump_stacks": {},
+    "watch_status": {},
     "shutdown": {},
     # responses and events, monitor -> peer
-    "ok": {"stats": ((dict,), False), "forwarded": ((bool,), False)},
+    "ok": {"stats": ((dict,), False), "forwarded": ((bool,), False), "watch": ((dict,), False)},
     "error": {"msg": ((str,), True), "code": ((str,), False)},
     "event": {
         "kind": ((str,), True),

@@ -267,6 +267,8 @@ class RankMonitorServer(SocketLoop):
         elif conn.role == "controller" and t == "dump_stacks":
             self._dump_stacks(now)
             self._send(conn, {"t": "ok"})
+        elif conn.role == "controller" and t == "watch_status":
+            self._send(conn, {"t": "ok", "watch": self._watch_status(now)})
         elif conn.role == "controller" and t == "shutdown":
             self._send(conn, {"t": "ok"})
             self.request_stop("the controller asked for shutdown")
@@ -337,6 +339,17 @@ class RankMonitorServer(SocketLoop):
         rank = self._watch.rank if self._watch is not None else None
         self._emit("wlc", action=action.value, desc=msg["desc"], rank=rank, pid=conn.creds.pid)
         self._send(conn, {"t": "ok", "forwarded": True})
+
+    def _watch_status(self, now: float) -> dict[str, Any]:
+        watch = self._watch
+        if watch is None:
+            return {}
+        last = watch.last_heartbeat
+        sections = list(watch.open_sections)
+        return {
+            "hb_age": None if last is None else max(0.0, now - last),
+            "section": sections[-1] if sections else None,
+        }
 
     # -- workers and hangs -------------------------------------------------------------------
 

@@ -132,6 +132,7 @@ class FtElasticAgent(CompatAgent):
         self.verdicts: list[str] = []
         self.attempt_causes: list[str] = []
         self._next_health_check = 0.0
+        self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
 
     def _new_cycle(self) -> _Cycle:
         return _Cycle(HangDiagnosis(self._monitors, self._settings.ft_cfg.stack_dump_timeout))
@@ -349,6 +350,8 @@ class FtElasticAgent(CompatAgent):
         while True:
             time.sleep(spec.monitor_interval)
             result = self._monitor_workers(group)
+            if self.supervision is not None:  # --supervisor: act on the controller's intents
+                result = self.supervision.act(self, result)
             group.state = result.state
             if result.state == WorkerState.FAILED and (
                 preempted := is_preempted(self._settings.preemption, self)

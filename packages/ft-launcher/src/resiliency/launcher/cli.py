@@ -12,6 +12,7 @@ from resiliency.launcher.errors import LauncherError
 from resiliency.launcher.launch import build_health_checks, launch
 from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.options import LauncherOptions, build_parser
+from resiliency.launcher.supervision import check_supervision_args
 
 __all__ = ["main"]
 
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ft_cfg = config_from_args(args)
         options = LauncherOptions.from_args(args)
         health_checks = build_health_checks(options)
+        check_supervision_args(args)
         nproc = str(args.nproc_per_node)
         # "gpu"/"auto" resolve later; assume up to 1,000 local ranks for the path check.
         MonitorSet.check_socket_paths(int(nproc) if nproc.isdigit() else 1000)

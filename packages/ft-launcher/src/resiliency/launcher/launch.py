@@ -32,6 +32,7 @@ from resiliency.launcher.options import LauncherOptions
 from resiliency.launcher.policy import policy_from_name
 from resiliency.launcher.preemption import Preemption, clean_up, is_preempted
 from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
+from resiliency.launcher.supervision import start_supervision
 
 __all__ = ["build_health_checks", "launch"]
 
@@ -177,7 +178,9 @@ def launch(
     )
 
     close_rendezvous = True
+    supervision = None
     try:
+        supervision = start_supervision(args, agent, monitors)  # --supervisor / --status-port
         agent.run()
         outcome = agent.outcome or _outcome_without_verdict(agent)
     except SignalException as exc:
@@ -191,6 +194,8 @@ def launch(
         outcome = Outcome(ExitCode.FAILURE, "launcher_error", f"{type(exc).__name__}: {exc}")
     finally:
         _install_signal_handlers(args.signals_to_handle, _ignore_further_signals)
+        if supervision is not None:
+            supervision.stop()
         monitors.stop_all()
     if close_rendezvous and not agent.leaves_rendezvous_open():
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class MonitorSet:
         self.local_world_size = local_world_size
         self.directory = create_socket_dir(prefix=_DIR_PREFIX, base_dir=base_dir)
         self._monitors: dict[int, MonitorProcess] = {}
+        self._listeners: list[Callable[[MonitorEvent], None]] = []
 
     @staticmethod
     def check_socket_paths(local_world_size: int, base_dir: str | None = None) -> None:
@@ -159,7 +161,31 @@ class MonitorSet:
                 events.extend(monitor.poll_events(timeout=0.0))
             except (FaultToleranceError, OSError) as exc:
                 logger.warning("cannot read monitor events of local rank %d: %s", local_rank, exc)
+        for listener in self._listeners:
+            for event in events:
+                listener(event)
         return events
+
+    def add_listener(self, listener: Callable[[MonitorEvent], None]) -> None:
+        """Call ``listener`` with every event :meth:`poll_events` returns (on its thread)."""
+        self._listeners.append(listener)
+
+    def watch_status(self) -> dict[int, tuple[float | None, str | None]]:
+        """Ask every live monitor what it sees now: local rank -> (heartbeat age, open section).
+
+        A cold request per monitor (for the supervisor's status, once per interval); a monitor
+        that does not answer is left out.
+        """
+        status: dict[int, tuple[float | None, str | None]] = {}
+        for local_rank, monitor in sorted(dict(self._monitors).items()):
+            try:
+                watch = monitor.watch_status()
+            except (FaultToleranceError, OSError) as exc:
+                logger.debug("no watch status from local rank %d: %s", local_rank, exc)
+                continue
+            if watch:
+                status[local_rank] = (watch.get("hb_age"), watch.get("section"))
+        return status
 
     def stop_all(self) -> None:
         """Stop every monitor and remove the socket directory."""

@@ -15,6 +15,7 @@ from torch.distributed.run import get_args_parser as torchrun_args_parser
 from resiliency.ft import add_ft_arguments
 from resiliency.launcher.errors import LauncherConfigError
 from resiliency.launcher.policy import AnyFailedPolicy, MinHealthyPolicy
+from resiliency.launcher.supervision import add_supervision_arguments
 
 __all__ = ["LauncherOptions", "build_parser"]
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "'fault tolerance' group adds hang detection, restart policies and workload control."
     )
     group = add_ft_arguments(parser)
+    add_supervision_arguments(group)  # --supervisor, --status-port (resiliency-supervisor extra)
     group.add_argument(
         "--restart-policy",
         "--ft-restart-policy",

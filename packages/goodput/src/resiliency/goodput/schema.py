@@ -96,6 +96,13 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
         "victim": _f("str", "what was hit"),
     },
     "preempted": {"step": _f("int", "step of the emergency checkpoint")},
+    "supervisor_decision": {
+        "node": _f("str", "the node acted on"),
+        "action": _f("str", "exclude, restart or shutdown"),
+        "policy": _f("str", "the deciding policy (straggler, gpu_health, ...)"),
+        "reason": _f("str", "one line saying why"),
+        "evidence": _f("dict", "the samples the decision rests on"),
+    },
 }
 
 EVENT_DOCS: dict[str, str] = {
@@ -114,6 +121,7 @@ EVENT_DOCS: dict[str, str] = {
     "straggler_detected": "the straggler detector reported slow ranks",
     "fault_injected": "the simulator injected a fault",
     "preempted": "an emergency checkpoint was saved on preemption",
+    "supervisor_decision": "the supervisor's controller decided an action on a node",
 }
 
 

@@ -41,7 +41,7 @@ class NodeSensor:
     """Publishes a node's status every ``interval`` seconds and watches its intents.
 
     Args:
-        backend: where to publish.
+        backend: where to publish (None: sample only, e.g. for a status endpoint alone).
         node: the node's id (its key).
         probe: returns the owner's fields of :class:`NodeStatus` (at least ``state``).
         interval: seconds between two publications.
@@ -54,7 +54,7 @@ class NodeSensor:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | None,
         node: str,
         probe: Probe,
         *,
@@ -70,7 +70,7 @@ class NodeSensor:
         self.node = node
         self.interval = float(interval)
         self._probe = probe
-        keys = keys_for(backend.namespace)
+        keys = keys_for(backend.namespace if backend is not None else "resiliency/local/")
         self.key = keys.host(node) if host_daemon else keys.node(node)
         self._intent_key = keys.intent(node)
         directory = (
@@ -115,6 +115,8 @@ class NodeSensor:
 
     def publish_once(self) -> NodeStatus:
         """Sample and put the document (one write)."""
+        if self.backend is None:
+            raise SupervisorError("this sensor has no backend to publish to")
         status = self.sample()
         self.backend.put(self.key, status.to_json(), ttl=TTL_INTERVALS * self.interval)
         self.latest = status
@@ -122,6 +124,8 @@ class NodeSensor:
 
     def check_intent(self, timeout: float = 0.0) -> Intent | None:
         """Wait up to ``timeout`` for a new intent; hand it to ``on_intent`` and return it."""
+        if self.backend is None:
+            return None
         raw = self.backend.wait_for_change(self._intent_key, self._intent_raw, timeout)
         if raw == self._intent_raw or raw is None:
             self._intent_raw = raw
@@ -150,7 +154,7 @@ class NodeSensor:
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
         """Start publishing on a daemon thread (the first document is put at once)."""
-        if self._thread is not None:
+        if self._thread is not None or self.backend is None:
             return
         try:  # an intent written before this launcher started is history, not an order
             self._intent_raw = self.backend.get(self._intent_key)
@@ -186,7 +190,7 @@ class NodeSensor:
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 15.0)
             self._thread = None
-        if final:
+        if final and self.backend is not None:
             try:
                 self.publish_once()
             except Exception as exc:

@@ -1,0 +1,272 @@
+"""Opt-in job-wide supervision: ``--supervisor BACKEND_URL`` and ``--status-port PORT``.
+
+With ``--supervisor`` the launcher runs a node sensor of :mod:`resiliency.supervisor` (one
+document per interval into the job's TCPStore or etcd) and acts on the intents the controller
+writes for this node, through what the agent already does: leave the job (exit 4; a spare joins
+at the next rendezvous), restart the workers (a new round, not charged to ``--max-restarts``),
+or shut the job down (exit 3). With ``--status-port`` it serves the node's status in the
+Prometheus text format (bound to 127.0.0.1 unless ``--status-host``).
+
+``resiliency.supervisor`` is an optional extra of ft-launcher: it is imported only here, only
+its ``__all__`` names, and only when one of the flags is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import socket
+import threading
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+from resiliency.ft import MonitorEvent
+from resiliency.launcher.errors import LauncherConfigError
+from resiliency.launcher.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from resiliency.launcher.agent import FtElasticAgent
+    from resiliency.launcher.monitors import MonitorSet
+
+__all__ = [
+    "Supervision",
+    "add_supervision_arguments",
+    "check_supervision_args",
+    "start_supervision",
+]
+
+logger = logging.getLogger(__name__)
+
+NODE_ID_ENV = "RESILIENCY_NODE_ID"
+_MAX_FAILURES = 10
+_EXCLUDED_REASONS = ("node_excluded", "node_unhealthy")
+
+
+def add_supervision_arguments(group: argparse._ArgumentGroup) -> None:
+    """Add ``--supervisor``, ``--supervisor-interval``, ``--node-id``, ``--status-port`` and
+    ``--status-host`` to the fault-tolerance group."""
+    group.add_argument(
+        "--supervisor",
+        dest="supervisor",
+        default=None,
+        metavar="BACKEND_URL",
+        help="Publish this node's status to the job's supervisor and act on its "
+        "intents: tcp://HOST:PORT[/JOB] (a c10d TCPStore, e.g. the rendezvous "
+        "endpoint) or etcd://HOST:PORT[/JOB]. Needs resiliency-supervisor.",
+    )
+    group.add_argument(
+        "--supervisor-interval",
+        dest="supervisor_interval",
+        type=float,
+        default=5.0,
+        metavar="SECS",
+        help="Seconds between two status documents (default: %(default)s).",
+    )
+    group.add_argument(
+        "--node-id",
+        dest="node_id",
+        default=None,
+        metavar="ID",
+        help=f"This node's id for the supervisor (default: ${NODE_ID_ENV}, else the host name).",
+    )
+    group.add_argument(
+        "--status-port",
+        dest="status_port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="Serve this node's status in the Prometheus text "
+        "format on this port (0: any free port, logged).",
+    )
+    group.add_argument(
+        "--status-host",
+        dest="status_host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="Address of the status endpoint (default: %(default)s).",
+    )
+
+
+def check_supervision_args(args: argparse.Namespace) -> None:
+    """Check the supervision flags before anything starts.
+
+    Raises:
+        LauncherConfigError: resiliency-supervisor is missing, or a flag is invalid.
+    """
+    if args.supervisor is None and args.status_port is None:
+        return
+    try:
+        from resiliency.supervisor import SupervisorError, parse_backend_url  # noqa: PLC0415
+    except ImportError:
+        raise LauncherConfigError(
+            "--supervisor / --status-port need resiliency-supervisor: "
+            "pip install 'resiliency-ft-launcher[supervisor]'"
+        ) from None
+    if args.supervisor_interval <= 0:
+        raise LauncherConfigError("--supervisor-interval must be > 0 seconds")
+    if args.status_port is not None and not 0 <= args.status_port <= 65535:
+        raise LauncherConfigError(f"--status-port {args.status_port} is not a port")
+    if args.supervisor is not None:
+        try:
+            parse_backend_url(args.supervisor)
+        except SupervisorError as exc:
+            raise LauncherConfigError(f"--supervisor: {exc}") from None
+
+
+def normalize_cause(text: str) -> str:
+    """A cycle's root cause, without pids and ranks: ``hang:heartbeat``, ``exit:1``, ``peer``..."""
+    if match := re.search(r"hung: (\S+) timer", text):
+        return f"hang:{match.group(1)}"
+    if match := re.search(r"exited with code (-?\d+)", text):
+        return f"exit:{match.group(1)}"
+    if match := re.search(r"killed by signal (\w+)", text):
+        return f"signal:{match.group(1)}"
+    if "another node failed" in text:
+        return "peer"
+    return re.sub(r"\d+", "N", text)[:80]
+
+
+class Supervision:
+    """The launcher side of the supervisor: a sensor over the agent, and the intents it acts on.
+
+    Args:
+        args: the parsed flags.
+        agent: this node's agent.
+        monitors: this node's rank monitors.
+    """
+
+    def __init__(self, args: argparse.Namespace, agent: FtElasticAgent, monitors: MonitorSet):
+        from resiliency.supervisor import NodeSensor, backend_from_url  # noqa: PLC0415
+
+        self._agent = agent
+        self._monitors = monitors
+        self._lock = threading.Lock()
+        self._intent: Any = None
+        self._ran = False
+        self.hangs: dict[str, int] = {}
+        monitors.add_listener(self._on_event)
+        self.node = args.node_id or os.environ.get(NODE_ID_ENV) or socket.gethostname()
+        self._backend = backend_from_url(args.supervisor) if args.supervisor else None
+        self.sensor = NodeSensor(
+            self._backend,
+            self.node,
+            self.probe,
+            interval=args.supervisor_interval,
+            on_intent=self._on_intent,
+        )
+        self._server: Any = None
+        self._status = (args.status_host, args.status_port)
+
+    # -- the probe (sensor thread) ---------------------------------------------------------------
+    def _on_event(self, event: MonitorEvent) -> None:
+        if event.kind == "hang" and event.timer:
+            with self._lock:
+                self.hangs[event.timer] = self.hangs.get(event.timer, 0) + 1
+
+    def _state(self) -> str:
+        agent = self._agent
+        if agent.outcome is not None:
+            return "excluded" if agent.outcome.reason in _EXCLUDED_REASONS else "stopped"
+        state = agent.worker_group.state
+        if state == WorkerState.HEALTHY:
+            self._ran = True
+            return "running"
+        if state == WorkerState.SUCCEEDED:
+            return "stopped"
+        return "restarting" if self._ran else "waiting"
+
+    def probe(self) -> dict[str, Any]:
+        """What this launcher knows, as fields of a ``NodeStatus``."""
+        from resiliency.supervisor import RankStatus  # noqa: PLC0415
+
+        agent = self._agent
+        state = self._state()
+        ranks = {}
+        if state in ("running", "restarting"):
+            watch = self._monitors.watch_status()
+            for local_rank, rank in sorted(agent._cycle.ranks.items()):
+                hb_age, section = watch.get(local_rank, (None, None))
+                ranks[rank] = RankStatus(hb_age=hb_age, section=section)
+        causes = list(agent.attempt_causes)[-_MAX_FAILURES:]
+        first = len(agent.attempt_causes) - len(causes)
+        with self._lock:
+            hangs = dict(self.hangs)
+        return {
+            "state": state,
+            "group_rank": agent.worker_group.group_rank if state == "running" else None,
+            "ranks": ranks,
+            "restarts": agent.restarts_done,
+            "hangs": hangs,
+            "failures": [
+                {"attempt": first + i, "cause": normalize_cause(c)} for i, c in enumerate(causes)
+            ],
+        }
+
+    def latest(self) -> Any:
+        """The latest document (sampled now when no backend is configured)."""
+        return self.sensor.latest if self._backend is not None else self.sensor.sample()
+
+    # -- intents (sensor thread -> agent loop) ---------------------------------------------------
+    def _on_intent(self, intent: Any) -> None:
+        with self._lock:
+            self._intent = intent
+
+    def act(self, agent: FtElasticAgent, result: RunResult) -> RunResult:
+        """Called by the agent's loop after each look at the workers: act on a new intent."""
+        with self._lock:
+            intent, self._intent = self._intent, None
+        if intent is None:
+            return result
+        detail = f"supervisor ({intent.policy}): {intent.reason}"
+        if intent.action == "exclude":
+            from resiliency.launcher.agent import Outcome, _NodeLeaves  # noqa: PLC0415
+
+            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail))
+        if intent.action == "shutdown":
+            agent._cycle.shutdown = MonitorEvent(kind="wlc", action="ShutdownWorkload", desc=detail)
+            return result
+        logger.warning("%s: restarting the workers (a new rendezvous round, not charged)", detail)
+        agent.restart_workers()
+        return RunResult(state=WorkerState.HEALTHY)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start publishing and serving."""
+        host, port = self._status
+        if port is not None:
+            from resiliency.supervisor import start_status_server  # noqa: PLC0415
+
+            self._server = start_status_server(self.latest, port, host)
+        if self._backend is not None:
+            self.sensor.start()
+            logger.info(
+                "supervisor: node %s publishes to %s every %.2f s",
+                self.node,
+                self._backend.url,
+                self.sensor.interval,
+            )
+
+    def stop(self) -> None:
+        """Publish the final state, stop serving, close the backend."""
+        if self._backend is not None:
+            self.sensor.stop(final=True)
+            self._backend.close()
+        else:
+            self.sensor.stop(final=False)
+        if self._server is not None:
+            self._server.close()
+
+
+def start_supervision(
+    args: argparse.Namespace, agent: FtElasticAgent, monitors: MonitorSet
+) -> Supervision | None:
+    """Start supervision when ``--supervisor`` or ``--status-port`` is given; else None."""
+    if getattr(args, "supervisor", None) is None and getattr(args, "status_port", None) is None:
+        return None
+    supervision = Supervision(args, agent, monitors)
+    supervision.start()
+    agent.supervision = supervision
+    return supervision
