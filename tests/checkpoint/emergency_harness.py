@@ -114,8 +114,10 @@ def exit_infos(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def committed_steps(root: Path) -> list[int]:
-    """Steps committed by the simple saver."""
-    return sorted(int(p.parent.name[5:]) for p in (root / "ckpt").glob("step_*/COMMITTED"))
+    """Steps committed by the simple saver (COMMITTED) or the CheckpointManager (manifest)."""
+    ckpt = root / "ckpt"
+    found = [*ckpt.glob("step_*/COMMITTED"), *ckpt.glob("step_*/manifest.json")]
+    return sorted({int(p.parent.name[5:]) for p in found})
 
 
 def resumed_step(log: str) -> int:

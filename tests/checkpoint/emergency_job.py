@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resiliency.checkpoint._emergency import EmergencyCheckpoint
+from resiliency.checkpoint import AppState, CheckpointManager, EmergencyCheckpoint
 
 
 class SimpleSaver:
@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--check-every", type=int, default=None)
     p.add_argument("--periodic-every", type=int, default=0)
     p.add_argument("--save-sleep", type=float, default=0.0)
-    p.add_argument("--saver", choices=["simple", "manager"], default="simple")
+    p.add_argument("--saver", choices=["simple", "manager"], default="manager")
     p.add_argument("--sigusr1", action="store_true", help="also stop on SIGUSR1")
     args = p.parse_args()
 
@@ -89,9 +89,7 @@ def main() -> int:
     markers.mkdir(parents=True, exist_ok=True)
 
     if args.saver == "manager":
-        from resiliency.checkpoint import AppState, CheckpointManager  # noqa: PLC0415
-
-        mgr = CheckpointManager(args.root / "ckpt", async_save=True)
+        mgr = CheckpointManager(args.root / "ckpt", keep_last=None, async_save=True)
         state: Any = {"app": AppState(model, opt)}
         start = mgr.load(state) or 0
         saver: Any = mgr
@@ -109,6 +107,7 @@ def main() -> int:
     signals = (signal.SIGTERM, signal.SIGUSR1) if args.sigusr1 else (signal.SIGTERM,)
     ec = EmergencyCheckpoint(saver, signals=signals, lead=args.lead, check_every=args.check_every)
     gen = torch.Generator().manual_seed(rank)
+    pending: tuple[Any, float] | None = None
     for step in range(start + 1, args.steps + 1):
         x = torch.randn(8, 16, generator=gen)
         loss = model(x).pow(2).mean()
@@ -120,11 +119,10 @@ def main() -> int:
         if step == start + 1:
             (markers / f"ready-{rank}-{os.getpid()}").touch()
         if args.periodic_every and step % args.periodic_every == 0:
-            started = time.monotonic()
-            handle = saver.save(step, state)
-            if handle is not None:
-                handle.wait()
-            ec.record_save(time.monotonic() - started)
+            pending = (saver.save(step, state), time.monotonic())
+        if pending is not None and (pending[0] is None or pending[0].done()):
+            ec.record_save(time.monotonic() - pending[1])  # the budget learns the save time
+            pending = None
         if ec.should_stop(step):
             ec.save_and_exit(step, state)
     print(f"DONE rank {rank} of {world}", flush=True)

@@ -1,5 +1,8 @@
 """Seeded trials: SIGTERM to one random rank of a 2-rank gloo job at a random time.
 
+The job saves through ``CheckpointManager`` (every third trial also has asynchronous periodic
+saves in flight when the signal lands); one test uses a slow blocking save callable instead.
+
 Every trial checks: both ranks save the same step (``noticed + lead``), exit as preempted (75)
 with their exit info, nothing hangs, and the next job resumes from exactly that step.
 """
@@ -54,8 +57,8 @@ def _assert_one_step_saved(tmp_path: Path, exit_dir: Path, codes: list[int], log
     return step
 
 
-def _assert_resumes_from(tmp_path: Path, step: int) -> None:
-    job = Job(tmp_path, ["--steps", str(step + 3), "--step-time", "0"], name="resume")
+def _assert_resumes_from(tmp_path: Path, step: int, *args: str) -> None:
+    job = Job(tmp_path, ["--steps", str(step + 3), "--step-time", "0", *args], name="resume")
     codes, log = _run_until_preempted(job)
     assert codes == [0, 0], log[-8000:]
     assert resumed_step(log) == step, log[-4000:]
@@ -68,9 +71,10 @@ def test_sigterm_to_one_random_rank(tmp_path: Path, seed: int) -> None:
     delay = rng.uniform(0.0, 1.5)
     lead, check_every = (2, 1) if seed % 2 == 0 else (4, 3)
     exit_dir = tmp_path / "exit"
+    periodic = ["--periodic-every", "5"] if seed % 3 == 0 else []  # async saves in flight
     job = Job(
         tmp_path,
-        ["--lead", str(lead), "--check-every", str(check_every)],
+        ["--lead", str(lead), "--check-every", str(check_every), *periodic],
         env=_env(exit_dir),
     )
     try:
@@ -93,7 +97,7 @@ def test_signal_during_a_periodic_save_and_again_during_the_emergency_save(
     exit_dir = tmp_path / "exit"
     job = Job(
         tmp_path,
-        ["--periodic-every", "20", "--save-sleep", "1.0", "--sigusr1", "--lead", "2"],
+        ["--saver", "simple", "--periodic-every", "20", "--save-sleep", "1.0", "--sigusr1"],
         env=_env(exit_dir),
     )
     markers = tmp_path / "markers"
@@ -108,4 +112,4 @@ def test_signal_during_a_periodic_save_and_again_during_the_emergency_save(
     step = _assert_one_step_saved(tmp_path, exit_dir, codes, log)
     assert step == periodic + 2, log[-8000:]  # noticed right after the periodic save
     assert "got SIGUSR1 at step" in log
-    _assert_resumes_from(tmp_path, step)
+    _assert_resumes_from(tmp_path, step, "--saver", "simple")

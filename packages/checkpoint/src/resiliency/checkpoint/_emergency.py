@@ -181,9 +181,9 @@ class EmergencyCheckpoint:
     def _save_fn(manager: Any) -> SaveFn:
         save = getattr(manager, "save", None)
         if callable(save):
-            return save  # type: ignore[no-any-return]
+            return save
         if callable(manager):
-            return manager  # type: ignore[no-any-return]
+            return manager
         raise TypeError(
             f"EmergencyCheckpoint needs a CheckpointManager or a save(step, state) callable, "
             f"got {manager!r}"
@@ -407,12 +407,16 @@ class EmergencyCheckpoint:
         plan = agreement.agree_plan(mine) if agreement is not None else mine
         if plan != mine:
             why = f"adopted rank agreement (this rank chose {mine}: {why})"
+        seen = (
+            f"this rank got {self._stop.signal} at step {self._noticed_step}"
+            if self._noticed_step is not None
+            else f"rank {self._stop.rank} got {self._stop.signal}"
+        )
         logger.warning(
-            "emergency checkpoint of step %d on rank %d (signal noticed here at step %s): "
-            "%s save; %s",
+            "emergency checkpoint of step %d on rank %d (%s): %s save; %s",
             step,
             self.rank,
-            self._noticed_step,
+            seen,
             plan,
             why,
         )
@@ -482,7 +486,7 @@ class EmergencyCheckpoint:
         directory = os.environ.get(EXIT_INFO_DIR_ENV)
         if not directory:
             return
-        path = os.path.join(directory, f"rank_{os.environ.get('RANK', self.rank)}.json")
+        path = os.path.join(directory, f"rank_{self.rank}.json")
         tmp = f"{path}.tmp{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
