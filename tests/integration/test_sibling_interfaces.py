@@ -12,16 +12,19 @@ PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 
 # package source folder -> the siblings it may use
 INTERFACES = {
-    "ft-launcher/src/resiliency/launcher": ("resiliency.ft",),
+    "ft-launcher/src/resiliency/launcher": ("resiliency.ft", "resiliency.supervisor"),
     "ptl-resiliency/src/resiliency/ptl": ("resiliency.ft", "resiliency.straggler"),
     "straggler-cupti/src/resiliency/straggler_cupti": ("resiliency.straggler",),
+    "supervisor/src/resiliency/supervisor": ("resiliency.goodput",),
 }
 ALL_MODULES = (
     "resiliency.ft",
+    "resiliency.goodput",
     "resiliency.launcher",
     "resiliency.ptl",
     "resiliency.straggler",
     "resiliency.straggler_cupti",
+    "resiliency.supervisor",
 )
 
 
@@ -56,7 +59,10 @@ def test_only_public_sibling_names_are_used(folder: str) -> None:
         assert set(names) <= exported, f"{module} does not export {sorted(set(names) - exported)}"
 
 
-@pytest.mark.parametrize("module", ["resiliency.ft", "resiliency.straggler", "resiliency.launcher"])
+@pytest.mark.parametrize(
+    "module",
+    ["resiliency.ft", "resiliency.straggler", "resiliency.launcher", "resiliency.supervisor"],
+)
 def test_every_exported_name_exists(module: str) -> None:
     mod = importlib.import_module(module)
     for name in mod.__all__:

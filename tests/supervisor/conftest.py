@@ -1,0 +1,121 @@
+"""Fixtures of the supervisor tests: a real TCPStore, a real etcd (skipped without the binary),
+and both behind one parametrized ``backend_url`` fixture. Every process is cleaned up by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from resiliency.supervisor import Backend, backend_from_url
+
+ETCD = shutil.which("etcd")
+SKIP_ETCD = "the etcd binary is not installed (apt-get install etcd-server)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EtcdServer:
+    """A throw-away single-member etcd on loopback."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        peer = free_port()
+        self.log_path = data_dir.parent / "etcd.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                str(ETCD),
+                "--data-dir", str(data_dir),
+                "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+                "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                "--log-level", "warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    pass
+                backend_from_url(self.url()).close()
+                return
+            except Exception:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("etcd did not answer within 30 s")
+
+    def url(self, job: str = "default") -> str:
+        return f"etcd://127.0.0.1:{self.port}/{job}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    if ETCD is None:
+        pytest.skip(SKIP_ETCD)
+    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[Backend]:
+    """A TCPStore hosted by the test process (on a free port)."""
+    backend = backend_from_url(f"tcp://127.0.0.1:0/job-{os.getpid()}", server=True)
+    yield backend
+    backend.close()
+
+
+_JOBS = iter(range(1_000_000))
+
+
+@pytest.fixture(params=["tcp", "etcd"])
+def backend_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh job namespace on each real backend."""
+    job = f"t{os.getpid()}-{next(_JOBS)}"
+    if request.param == "tcp":
+        host = request.getfixturevalue("tcp_server")
+        yield f"tcp://127.0.0.1:{host.port}/{job}"
+    else:
+        server = request.getfixturevalue("etcd_server")
+        yield server.url(job)
+
+
+@pytest.fixture
+def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put the fake ``pynvml`` on sys.path; its state file is returned (JSON, see the module)."""
+    state = tmp_path / "nvml.json"
+    state.write_text('{"count": 1}')
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_nvml"))
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    import sys
+
+    sys.modules.pop("pynvml", None)
+    yield state
+    sys.modules.pop("pynvml", None)

@@ -1,0 +1,58 @@
+"""A training loop stand-in for the supervisor tests (no collectives: each rank steps alone).
+
+Every step sleeps ``--step-s`` (times ``--slow-factor`` when ``SUPERVISOR_TEST_SLOW=1`` is in
+the environment), sends a heartbeat to its rank monitor, and every ``--report-s`` seconds writes
+a ``straggler_detected`` goodput event with its own score (expected / measured step time, kind
+``individual``). Rank 0 records its steps. It writes ``start-<rank>-<pid>`` and
+``done-<rank>-<pid>`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from resiliency.ft import RankMonitorClient
+from resiliency.goodput import get_recorder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--marker-dir", required=True)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--step-s", type=float, default=0.1)
+    parser.add_argument("--slow-factor", type=float, default=3.0)
+    parser.add_argument("--report-s", type=float, default=1.0)
+    args = parser.parse_args()
+    rank = int(os.environ["RANK"])
+    markers = Path(args.marker_dir)
+    (markers / f"start-{rank}-{os.getpid()}").touch()
+    slow = os.environ.get("SUPERVISOR_TEST_SLOW") == "1"
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    rec = get_recorder()
+    step_s = args.step_s * (args.slow_factor if slow else 1.0)
+    window_start, window_steps = time.monotonic(), 0
+    for step in range(args.steps):
+        client.start_section("step")
+        time.sleep(step_s)
+        client.end_section("step")
+        client.send_heartbeat()
+        rec.step(step)
+        window_steps += 1
+        elapsed = time.monotonic() - window_start
+        if elapsed >= args.report_s:
+            score = min(1.0, args.step_s * window_steps / elapsed)
+            rec.emit("straggler_detected", ranks=[rank] if score < 0.7 else [],
+                     scores={str(rank): {"individual": round(score, 3)}})  # fmt: skip
+            rec.flush()
+            window_start, window_steps = time.monotonic(), 0
+    rec.flush()
+    client.shutdown_workload_monitoring()
+    (markers / f"done-{rank}-{os.getpid()}").touch()
+
+
+if __name__ == "__main__":
+    main()
