@@ -21,7 +21,9 @@ IO_S = 0.01
 ITERATIONS = 8
 
 
-def _scores(report: Report) -> dict:
+def _scores(report: Report | None) -> dict | None:
+    if report is None:  # not rank 0 with gather_on_rank0=True, as in NVIDIA's tool
+        return None
     return {
         "rank": report.rank,
         "section_relative": report.section_relative_perf_scores,
@@ -71,7 +73,8 @@ def interval_decisions(rank: int) -> dict:
     for iteration in range(50):
         with Detector.detection_section("step"):
             time.sleep(0.008 + 0.003 * rank)
-        if Detector.generate_report_if_interval_elapsed() is not None:
+        Detector.generate_report_if_interval_elapsed()
+        if Detector.is_interval_elapsed():  # a report was produced by that call (on rank 0)
             reported_at.append(iteration)
     checks = Detector._require().schedule.checks
     Detector.shutdown()
@@ -89,10 +92,9 @@ def sub_groups(rank: int) -> dict:
         with Detector.detection_section("compute"):
             time.sleep(FAST_S * (2 if rank == 2 else 1))
         report = Detector.generate_report_if_interval_elapsed()
-        if report is not None:
+        if Detector.is_interval_elapsed():
             reports.append(_scores(report))
-            if len(reports) == 1:
-                break
+            break
     Detector.shutdown()
     return {"reports": reports}
 
@@ -121,8 +123,9 @@ def gpu_scores(rank: int) -> dict:
     Detector.shutdown()
     os.environ["RESILIENCY_STRAGGLER_KERNEL_PROFILER"] = "none"
     result = _scores(report)
-    result["gpu_relative"] = report.gpu_relative_perf_scores
-    result["gpu_individual"] = report.gpu_individual_perf_scores
+    if report is not None and result is not None:
+        result["gpu_relative"] = report.gpu_relative_perf_scores
+        result["gpu_individual"] = report.gpu_individual_perf_scores
     return result
 
 

@@ -127,14 +127,19 @@ def test_thresholds_change_at_runtime_and_travel_with_the_report() -> None:
 
 
 def test_report_interval_single_rank_and_runtime_change() -> None:
+    # is_interval_elapsed() says whether the last generate_report_if_interval_elapsed() call
+    # produced a report (NVIDIA's semantics; formerly it checked the clock itself).
     Detector.initialize(report_time_interval=3600)
     assert not Detector.is_interval_elapsed()
     assert Detector.generate_report_if_interval_elapsed() is None
+    assert not Detector.is_interval_elapsed()
     Detector.set_report_time_interval(0.05)
     time.sleep(0.06)
-    assert Detector.is_interval_elapsed()
+    assert not Detector.is_interval_elapsed()  # no new call yet
     assert Detector.generate_report_if_interval_elapsed() is not None
-    assert not Detector.is_interval_elapsed()  # a report starts a new interval
+    assert Detector.is_interval_elapsed()
+    assert Detector.generate_report_if_interval_elapsed() is None  # a report starts an interval
+    assert not Detector.is_interval_elapsed()
     with pytest.raises(StragglerConfigError):
         Detector.set_report_time_interval(-1)
 

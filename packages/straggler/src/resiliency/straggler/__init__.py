@@ -23,6 +23,7 @@ from resiliency.straggler.profiler import (
 )
 from resiliency.straggler.report import Report, StragglerId, Stragglers, Thresholds
 from resiliency.straggler.sections import SectionSummary
+from resiliency.straggler.statistic import Statistic
 from resiliency.straggler.wrapping import CallableId
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Report",
     "ReportHistoryError",
     "SectionSummary",
+    "Statistic",
     "StragglerConfigError",
     "StragglerError",
     "StragglerId",

@@ -54,9 +54,11 @@ class Detector:
                 print(report.identify_stragglers())
         Detector.shutdown()
 
-    With ``torch.distributed`` initialized, :meth:`generate_report`,
-    :meth:`is_interval_elapsed` and :meth:`generate_report_if_interval_elapsed` are collective
-    on the process group: every member must call them the same number of times.
+    With ``torch.distributed`` initialized, :meth:`generate_report` and
+    :meth:`generate_report_if_interval_elapsed` are collective on the process group: every member
+    must call them the same number of times. With ``gather_on_rank0=True`` (the default) only the
+    group's rank 0 gets a report; the other ranks get ``None``, as in NVIDIA's resiliency
+    extension.
     """
 
     initialized: ClassVar[bool] = False
@@ -133,7 +135,7 @@ class Detector:
             exchange=exchange,
             schedule=ReportSchedule(report_interval),
             thresholds=thresholds or Thresholds(),
-            wrapper=CallableWrapper(lambda name: cls.detection_section(name, profile_cuda=True)),
+            wrapper=CallableWrapper(cls.detection_section),
         )
         cls._cpu_sections = {}
         cls._gpu_sections = {}
@@ -224,18 +226,19 @@ class Detector:
         return section
 
     @classmethod
-    def wrap_callables(cls, callable_ids: Sequence[CallableId]) -> None:
-        """Time every call of the given callables in a section named ``"<object>.<name>"``.
+    def wrap_callables(cls, callable_ids: Sequence[CallableId], profile_cuda: bool = True) -> None:
+        """Time every call of the given callables in a section named ``str(callable_id)``.
 
         Args:
             callable_ids: The callables to wrap.
+            profile_cuda: Also time the calls' GPU work (as :meth:`detection_section`).
 
         Raises:
             DetectorStateError: The Detector is not initialized.
             StragglerConfigError: A callable is missing, already wrapped, or has unknown
                 ``ignored_args``; nothing is wrapped then.
         """
-        cls._require().wrapper.wrap(list(callable_ids))
+        cls._require().wrapper.wrap(list(callable_ids), profile_cuda=bool(profile_cuda))
 
     @classmethod
     def restore_original_callables(cls) -> None:
@@ -303,22 +306,37 @@ class Detector:
 
     @classmethod
     def is_interval_elapsed(cls) -> bool:
-        """Whether ``report_time_interval`` has elapsed since the last report.
+        """Whether the last :meth:`generate_report_if_interval_elapsed` call found the report
+        interval elapsed (and so generated a report), as in NVIDIA's resiliency extension.
 
-        Collective when reports are (every rank gets the same answer in the same call); cheap
-        on most calls, see ``docs/straggler.md``.
+        A local flag: no collective, and the same answer on every rank of the group. Use it on
+        ranks that got ``None`` from that call (``gather_on_rank0=True``) to know that a report
+        was produced on rank 0.
 
         Raises:
             DetectorStateError: The Detector is not initialized.
-            ExchangeError: The decision broadcast failed.
         """
-        state = cls._require()
-        return state.schedule.elapsed(state.collective)
+        return cls._require().last_call_reported
 
     @classmethod
     def generate_report_if_interval_elapsed(cls) -> Report | None:
-        """:meth:`generate_report` when :meth:`is_interval_elapsed`, else None (collective)."""
-        if cls.is_interval_elapsed():
+        """:meth:`generate_report` once ``report_time_interval`` has elapsed since the last report.
+
+        Call it on every rank once per iteration. Collective when reports are: every rank
+        reaches the same decision in the same call; cheap on most calls (see
+        ``docs/straggler.md``).
+
+        Returns:
+            The report when the interval elapsed (``None`` on ranks other than 0 with
+            ``gather_on_rank0=True``), else ``None``.
+
+        Raises:
+            DetectorStateError: The Detector is not initialized.
+            ExchangeError: A collective failed.
+        """
+        state = cls._require()
+        state.last_call_reported = state.schedule.elapsed(state.collective)
+        if state.last_call_reported:
             return cls.generate_report()
         return None
 
@@ -336,14 +354,16 @@ class Detector:
         return summaries, medians
 
     @classmethod
-    def generate_report(cls) -> Report:
+    def generate_report(cls) -> Report | None:
         """Score the window since the last report and start a new one.
 
         Collective on the process group when relative scores are computed or scores are
         gathered on rank 0.
 
         Returns:
-            The report (see :class:`Report` for which fields each rank gets).
+            The report; ``None`` on every rank but the group's rank 0 when scores are gathered
+            on rank 0 and the group has more than one rank (as in NVIDIA's resiliency
+            extension). See :class:`Report` for the fields.
 
         Raises:
             DetectorStateError: The Detector is not initialized.
@@ -392,7 +412,8 @@ class Detector:
         else:
             payloads = exchange.gather(encode_summary(summary), to_all=not state.gather_on_rank0)
             if payloads is None:
-                report.rank_to_node = {state.rank: state.node}
+                state.schedule.mark_reported()
+                return None
             else:
                 fill_scores(
                     report,
@@ -402,9 +423,9 @@ class Detector:
                     only_rank=None if state.gather_on_rank0 else state.rank,
                 )
         state.schedule.mark_reported()
-        report.generate_report_elapsed_time = time.perf_counter() - started
+        report.generate_report_elapsed_time = (time.perf_counter() - started) * 1e3
         log.debug(
-            "rank %d: report over %d sections and %d kernels took %.3f s",
+            "rank %d: report over %d sections and %d kernels took %.3f ms",
             state.rank,
             len(section_summaries),
             len(kernel_stats),

@@ -9,8 +9,11 @@ does not support.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from resiliency.straggler.statistic import StatisticsMapping
 
 __all__ = ["API_VERSION", "ENTRY_POINT_GROUP", "KernelProfiler", "KernelStats"]
 
@@ -21,8 +24,11 @@ ENTRY_POINT_GROUP = "resiliency.straggler.kernel_profilers"
 
 
 @dataclass(frozen=True)
-class KernelStats:
+class KernelStats(StatisticsMapping):
     """Statistics of one kernel's GPU durations over the samples since the last read.
+
+    Also a read-only mapping ``{Statistic: milliseconds}`` (``Statistic.NUM``: the count), as
+    NVIDIA's resiliency extension reports kernel statistics.
 
     Attributes:
         count: Number of completed launches observed.
@@ -30,6 +36,7 @@ class KernelStats:
         max_us: Longest duration, in microseconds.
         median_us: Median duration, in microseconds.
         mean_us: Mean duration, in microseconds.
+        std_us: Sample standard deviation, in microseconds (NaN when unknown).
     """
 
     count: int
@@ -37,6 +44,7 @@ class KernelStats:
     max_us: float
     median_us: float
     mean_us: float
+    std_us: float = math.nan
 
 
 @runtime_checkable

@@ -85,8 +85,10 @@ class Report:
     scores the rank's own best past window. A rank with no samples in a section (or no kernel
     samples) in the window has no entry for it: absent means "not measured", never "slow".
 
-    With ``gather_on_rank0=True`` the score fields hold every rank on rank 0 and are empty on the
-    other ranks; with ``gather_on_rank0=False`` each rank's report holds only its own scores.
+    With ``gather_on_rank0=True`` the score fields hold every rank on rank 0, and the other ranks
+    get no report at all (``None``); with ``gather_on_rank0=False`` each rank's report holds
+    only its own scores. This is the layout of NVIDIA's resiliency extension, except that a
+    score that cannot be computed is absent here where that tool stores NaN.
 
     Attributes:
         gpu_relative_perf_scores: Rank -> GPU relative score.
@@ -94,10 +96,12 @@ class Report:
         gpu_individual_perf_scores: Rank -> GPU individual score.
         section_individual_perf_scores: Section -> rank -> individual score.
         rank_to_node: Rank -> node name, for every rank present in the scores.
-        local_section_summaries: This rank's CPU timing statistics per section.
+        local_section_summaries: This rank's CPU timing statistics per section: each value is a
+            mapping ``{Statistic: milliseconds}`` (``Statistic.NUM``: the count) that also has
+            ``*_us`` attributes.
         local_kernel_summaries: This rank's GPU timing statistics per kernel (per section when
-            timed with CUDA events).
-        generate_report_elapsed_time: Seconds this rank spent generating the report.
+            timed with CUDA events), the same kind of mapping.
+        generate_report_elapsed_time: Milliseconds this rank spent generating the report.
         gather_on_rank0: Whether scores were gathered on rank 0.
         rank: Global rank that produced this report.
         created_at: Unix time at which the report was generated.

@@ -8,11 +8,14 @@ side and a store into the ring.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from time import perf_counter_ns
 from types import TracebackType
 from typing import Protocol
+
+from resiliency.straggler.statistic import StatisticsMapping
 
 __all__ = ["SectionSummary", "SectionTimings"]
 
@@ -20,8 +23,11 @@ _SKIPPED = -1  # marks an entry that profiling_interval chose not to time
 
 
 @dataclass(frozen=True)
-class SectionSummary:
+class SectionSummary(StatisticsMapping):
     """CPU (wall-clock) timing statistics of one section on this rank since the last report.
+
+    Also a read-only mapping ``{Statistic: milliseconds}`` (``Statistic.NUM``: the count), which
+    is what NVIDIA's resiliency extension puts in ``Report.local_section_summaries``.
 
     Attributes:
         count: Timed entries since the last report (including those no longer in the ring).
@@ -29,6 +35,8 @@ class SectionSummary:
         max_us: Longest retained duration, in microseconds.
         median_us: Median of the retained durations, in microseconds.
         mean_us: Mean of the retained durations, in microseconds.
+        std_us: Sample standard deviation of the retained durations, in microseconds (NaN
+            with fewer than two).
     """
 
     count: int
@@ -36,6 +44,7 @@ class SectionSummary:
     max_us: float
     median_us: float
     mean_us: float
+    std_us: float = math.nan
 
 
 class SectionTimings:
@@ -84,6 +93,7 @@ def summarize(count: int, durations_ns: list[int]) -> SectionSummary | None:
         max_us=max(durations_ns) / 1e3,
         median_us=statistics.median(durations_ns) / 1e3,
         mean_us=sum(durations_ns) / len(durations_ns) / 1e3,
+        std_us=statistics.stdev(durations_ns) / 1e3 if len(durations_ns) > 1 else math.nan,
     )
 
 

@@ -85,6 +85,7 @@ class DetectorState:
     best: BestHistory = field(default_factory=BestHistory)
     gpu: Any = NOT_SELECTED
     gpu_dropped: int = 0
+    last_call_reported: bool = False
 
     @property
     def relative(self) -> bool:

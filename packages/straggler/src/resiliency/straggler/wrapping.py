@@ -20,25 +20,37 @@ _MISSING = object()
 class CallableId:
     """Names a callable attribute of an object (a class, instance or module) to time.
 
-    The section name is ``"<object name>.<callable name>"``, e.g. ``"Model.forward"``. Section
-    names never depend on the arguments of a call, so ``ignored_args`` only documents (and is
-    checked against the signature) which arguments are irrelevant to timing; it is kept so code
-    written for the established ``Detector`` API runs unchanged.
+    The fields, their order and the section name are those of NVIDIA's resiliency extension:
+    ``"<module>.<Class>.<name>"`` for a class (e.g. ``"mypkg.model.Model.forward"``),
+    ``"<module>.<name>"`` for a module, ``"<Class>.<name>"`` for an instance.
+
+    Section names never depend on the arguments of a call. ``arg_filter_fn`` and
+    ``extra_args_fn`` are accepted and, as in that tool's 0.4 releases, not used by the wrapper;
+    ``ignored_args`` is checked against the callable's signature.
 
     Attributes:
         obj: The object holding the callable.
         name: The attribute name of the callable.
+        arg_filter_fn: Accepted for compatibility (``inspect.BoundArguments -> bool``); unused.
+        extra_args_fn: Accepted for compatibility (``inspect.BoundArguments -> dict``); unused.
         ignored_args: Parameter names of the callable that do not affect the section.
     """
 
     obj: Any
     name: str
-    ignored_args: tuple[str, ...] = ()
+    arg_filter_fn: Callable[[inspect.BoundArguments], bool] | None = None
+    extra_args_fn: Callable[[inspect.BoundArguments], dict[str, Any]] | None = None
+    ignored_args: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
-        owner = getattr(self.obj, "__qualname__", None) or getattr(self.obj, "__name__", None)
-        if owner is None:
-            owner = type(self.obj).__qualname__
+        obj = self.obj
+        owner: str
+        if inspect.ismodule(obj):
+            owner = obj.__name__
+        elif inspect.isclass(obj):
+            owner = f"{obj.__module__}.{obj.__name__}"
+        else:
+            owner = str(getattr(type(obj), "__name__", None) or getattr(obj, "__name__", obj))
         return f"{owner}.{self.name}"
 
 
@@ -65,16 +77,17 @@ class CallableWrapper:
         section_factory: Returns the context manager of a section, given its name.
     """
 
-    def __init__(self, section_factory: Callable[[str], AbstractContextManager[Any]]) -> None:
+    def __init__(self, section_factory: Callable[[str, bool], AbstractContextManager[Any]]) -> None:
         self._section = section_factory
         # (object, attribute, raw attribute in the object's own __dict__ or _MISSING)
         self._originals: list[tuple[Any, str, Any]] = []
 
-    def wrap(self, callable_ids: list[CallableId]) -> None:
+    def wrap(self, callable_ids: list[CallableId], profile_cuda: bool = True) -> None:
         """Wrap every callable in a section named after it.
 
         Args:
             callable_ids: What to wrap.
+            profile_cuda: Also time the GPU work of the calls.
 
         Raises:
             StragglerConfigError: An attribute is missing, not callable, already wrapped, or
@@ -105,13 +118,13 @@ class CallableWrapper:
             # the wrapper is stored in the instance's __dict__, where Python does not bind it.
             on_instance = not isinstance(cid.obj, type) and not inspect.ismodule(cid.obj)
             target = getattr(cid.obj, cid.name) if on_instance else raw
-            setattr(cid.obj, cid.name, self._timed(str(cid), target))
+            setattr(cid.obj, cid.name, self._timed(str(cid), target, profile_cuda))
             self._originals.append((cid.obj, cid.name, own))
 
-    def _timed(self, section_name: str, raw: Any) -> Any:
+    def _timed(self, section_name: str, raw: Any, profile_cuda: bool) -> Any:
         kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         func = raw.__func__ if kind is not None else raw
-        section = self._section(section_name)
+        section = self._section(section_name, profile_cuda)
 
         @functools.wraps(func)
         def timed(*args: Any, **kwargs: Any) -> Any:
