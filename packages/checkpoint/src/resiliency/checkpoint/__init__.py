@@ -22,6 +22,7 @@ from .errors import (
     WriterFailedError,
 )
 from .manager import CheckpointManager, SaveHandle
+from .tiers import LocalTier, PersistentTier
 
 __all__ = [
     "EXIT_INFO_DIR_ENV",
@@ -33,7 +34,9 @@ __all__ = [
     "CheckpointManager",
     "EmergencyCheckpoint",
     "EmergencyCheckpointError",
+    "LocalTier",
     "NoCheckpointError",
+    "PersistentTier",
     "SaveFailedError",
     "SaveHandle",
     "WriterFailedError",

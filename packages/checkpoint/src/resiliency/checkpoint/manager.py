@@ -12,6 +12,7 @@ import secrets
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,15 @@ class CheckpointManager:
         writer_timeout_s: bound on one save's writing; a writer silent for longer is killed
             and the save fails on every rank with ``WriterFailedError``.
         tier: the goodput tier name of this manager's saves.
+        tiers: save on several tiers, each on its own cadence, e.g.
+            ``[LocalTier("/dev/shm/ckpt", every=10), PersistentTier("/shared/ckpt", every=500)]``
+            (``root`` is then None; see :mod:`resiliency.checkpoint.tiers`). ``load`` restores
+            the newest step every rank can assemble, nearest tier first.
     """
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | None,
         *,
         keep_last: int | None = 3,
         keep_every: int | None = None,
@@ -94,6 +99,7 @@ class CheckpointManager:
         process_group: dist.ProcessGroup | None = None,
         writer_timeout_s: float = 600.0,
         tier: str = "persistent",
+        tiers: Sequence[Any] | None = None,
     ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -101,6 +107,12 @@ class CheckpointManager:
             raise ValueError(f"keep_every must be >= 1 or None, got {keep_every}")
         if writer_timeout_s <= 0:
             raise ValueError(f"writer_timeout_s must be > 0, got {writer_timeout_s}")
+        self._tiered: Any = None
+        if tiers is not None:
+            self._init_tiers(root, tiers, async_save, process_group, writer_timeout_s)
+            return
+        if root is None:
+            raise ValueError("root is required unless tiers are given")
         self.root = Path(root).resolve()
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -120,9 +132,30 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
 
+    def _init_tiers(
+        self, root: Any, tiers: Sequence[Any], async_save: bool, group: Any, timeout: float
+    ) -> None:
+        from ._tiered import TieredCheckpoints  # noqa: PLC0415 -- it builds managers itself
+
+        self._group = _control_group(group)
+        self._tiered = TieredCheckpoints(
+            root,
+            tiers,
+            async_save=async_save,
+            process_group=group,
+            writer_timeout_s=timeout,
+            control_group=self._group,
+        )
+        self.root = self._tiered.root
+        self.async_save, self.writer_timeout_s = async_save, float(timeout)
+        self.rank, self.world_size = self._tiered.rank, self._tiered.world
+        self._closed, self._inflight, self._writer = False, None, None
+
     # ------------------------------------------------------------------ queries (local)
     def steps(self) -> list[int]:
         """Committed steps under the root, ascending (a listing; ``load`` verifies)."""
+        if self._tiered is not None:
+            return list(self._tiered.steps())
         return _layout.committed_steps(self.root)
 
     def latest(self) -> int | None:
@@ -133,17 +166,24 @@ class CheckpointManager:
     @property
     def writer_pid(self) -> int | None:
         """The pid of this rank's writer process (None after ``close``)."""
+        if self._tiered is not None:
+            return self._tiered.writer_pid
         return self._writer.pid if self._writer is not None else None
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+    def save(self, step: int, state: dict[str, Any], *, tier: str | None = None) -> SaveHandle:
         """Save ``state`` as ``step``; returns once the state is staged (collective).
 
         Blocks training only for DCP's planning and the copy into the staging arena. A previous
         save still in flight is waited for first; its failure is logged on every rank (and
         raised by its own handle's ``wait``), never raised here. Saving a step that is already
-        committed is a no-op (logged): a step is never overwritten.
+        committed is a no-op (logged): a step is never overwritten. With tiers, ``step`` goes
+        to every tier it is due on, or to ``tier`` ("local" or "persistent") alone.
         """
+        if self._tiered is not None:
+            return self._tiered.save(step, state, tier)
+        if tier is not None:
+            raise ValueError("tier= needs a CheckpointManager built with tiers")
         if self._closed:
             raise CheckpointError("the CheckpointManager is closed")
         if step < 0:
@@ -273,6 +313,9 @@ class CheckpointManager:
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the save in flight, if any (collective); raises like ``SaveHandle.wait``."""
+        if self._tiered is not None:
+            self._tiered.wait(timeout)
+            return
         if self._inflight is not None:
             self._resolve(self._inflight, timeout)
 
@@ -291,6 +334,8 @@ class CheckpointManager:
             CheckpointCorruptError: ``step`` (or, with ``step=None``, every committed step)
                 failed verification.
         """
+        if self._tiered is not None:
+            return self._tiered.load(state, step)
         if self._closed:
             raise CheckpointError("the CheckpointManager is closed")
         with contextlib.suppress(SaveFailedError):
@@ -365,6 +410,10 @@ class CheckpointManager:
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Wait for the save in flight (collective), then stop the writer; idempotent."""
+        if self._tiered is not None:
+            self._tiered.close()
+            self._closed = True
+            return
         if self._closed:
             return
         try:

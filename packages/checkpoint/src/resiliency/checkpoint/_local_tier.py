@@ -1,0 +1,334 @@
+"""The local tier's save: a per-rank DCP checkpoint on node-local storage, replicated at save time.
+
+Each rank saves its OWN full state (no cross-rank de-duplication, so a rank can restore from its
+shard alone) as a one-rank DCP checkpoint, written by its own persistent writer process from a
+shared-memory arena, exactly like the persistent tier. Off the training thread, the rank then
+
+1. agrees on the save's nonce (rank 0's, broadcast on the replication group);
+2. writes DCP's ``.metadata`` and the shard's manifest (sizes, CRC-32s, nonce, shard = rank);
+3. sends the shard to its peer(s) on other nodes and receives the shards it keeps for others,
+   each verified against its manifest on arrival (``_replicate``);
+4. agrees with every rank that its own shard and every replica are written and verified
+   (one all-reduce); only then renames the temporary directories to ``step_<N>/shard_<r>``.
+
+A node that dies mid-transfer makes its peers' waits fail (bounded), the all-reduce fails, and
+nothing is committed anywhere. The replication group is a gloo group of its own, so these
+collectives never interleave with the training thread's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _dcp, _events, _holdings, _layout, _replicate, _staging
+from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
+from .errors import SaveFailedError, WriterFailedError
+from .tiers import LocalTier
+
+logger = logging.getLogger(__name__)
+
+_GRACE_S = 30.0
+
+
+@dataclass
+class LocalSave:
+    """One local-tier save in flight and its (agreed) outcome."""
+
+    step: int
+    tmp: Path
+    started: float
+    metadata: Any = None
+    handed_over: float = 0.0
+    blocked_s: float = 0.0
+    failed: str = ""
+    writer_failed: bool = False
+    bytes: int = 0
+    replica_bytes: int = 0
+    total_s: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    def fail(self, message: str, writer: bool = False) -> None:
+        if not self.failed:
+            self.failed, self.writer_failed = message, writer
+
+
+class LocalSaver:
+    """Saves of one rank on a local tier (see the module docstring)."""
+
+    def __init__(
+        self, tier: LocalTier, group: dist.ProcessGroup | None, writer_timeout_s: float
+    ) -> None:
+        self.tier = tier
+        self.root = Path(tier.path).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.group = group
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.writer_timeout_s = writer_timeout_s
+        self.topology = _holdings.Topology.build(tier.node_label(), group)
+        if tier.replicas and len(self.topology.nodes) < 2:
+            logger.warning(
+                "local tier %s: every rank is on node %s; no replica can go to another node",
+                self.root,
+                self.topology.nodes[0],
+            )
+        self.peers = self.topology.peers_of(self.rank, tier.replicas)
+        self.sources = self.topology.sources_of(self.rank, tier.replicas)
+        self.repl_group: dist.ProcessGroup | None = None
+        if group is not None:
+            self.repl_group = dist.new_group(
+                dist.get_process_group_ranks(group),
+                backend="gloo",
+                timeout=timedelta(seconds=tier.timeout_s),
+            )
+        if self.topology.ranks_on(self.topology.node_of(self.rank))[0] == self.rank:
+            _layout.remove_stale(self.root)
+        if group is not None:
+            dist.barrier(group=group)  # nobody writes before the stale files are gone
+        self._arena = _staging.Arena()
+        self._writer: WriterProcess | None = WriterProcess()
+        self.inflight: LocalSave | None = None
+
+    # ------------------------------------------------------------------ save (training thread)
+    def save(self, step: int, state_dict: dict[str, Any]) -> LocalSave:
+        """Stage this rank's state for ``step`` and start the completion thread."""
+        self.wait_previous()
+        t0 = time.monotonic()
+        save = LocalSave(
+            step=step,
+            tmp=_holdings.tmp_shard_dir(self.root, step, self.rank, secrets.token_hex(6)),
+            started=t0,
+        )
+        _events.emit("checkpoint_save_started", step=step, tier="local")
+        try:
+            save.tmp.mkdir()
+            plan, _ = _dcp.make_plan(state_dict, None, {"path": save.tmp}, dict)
+            assert plan is not None
+            save.metadata = plan.metadata
+            self._stage_and_send(save, plan)
+        except (WriterDiedError, WriterHungError) as exc:
+            save.fail(f"rank {self.rank}: checkpoint writer unusable: {exc}", writer=True)
+        except Exception as exc:
+            save.fail(f"rank {self.rank}: staging step {step} for the local tier failed: {exc!r}")
+        save.blocked_s = time.monotonic() - t0
+        save.handed_over = time.monotonic()
+        self.inflight = save
+        save.thread = threading.Thread(
+            target=self._complete, args=(save,), name=f"ckpt-local-{step}", daemon=True
+        )
+        save.thread.start()
+        return save
+
+    def _stage_and_send(self, save: LocalSave, plan: _dcp.Plan) -> None:
+        if self._writer is None or not self._writer.alive():
+            if self._writer is not None:
+                self._writer.kill()
+            self._writer = WriterProcess()
+        self._writer.wait_ready(time.monotonic() + max(120.0, self.writer_timeout_s))
+        items = plan.items()
+        values = [plan.resolve(item) for item in items]
+        slots, total = _staging.layout(values)
+        self._arena.ensure(total)
+        if self._writer.arena_generation != self._arena.generation:
+            self._writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
+        _staging.stage(self._arena, values, slots)
+        del values
+        self._writer.send(
+            {
+                "type": "save",
+                "job": save.tmp.name,
+                "dir": str(save.tmp),
+                "prefix": plan.prefix,
+                "items": [
+                    _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                    for item, slot in zip(items, slots, strict=True)
+                ],
+            }
+        )
+
+    def wait_previous(self, timeout: float | None = None) -> None:
+        """Wait for the save in flight; raise its (agreed) failure once."""
+        save = self.inflight
+        if save is None:
+            return
+        bound = self.writer_timeout_s + self.tier.timeout_s + _GRACE_S
+        if not save.done.wait(bound if timeout is None else timeout):
+            if timeout is not None:
+                raise TimeoutError(f"the local save of step {save.step} is still in flight")
+            raise SaveFailedError(f"the local save of step {save.step} did not finish in time")
+        self.inflight = None
+        if save.error is not None:
+            raise save.error
+
+    # ------------------------------------------------------------------ completion (thread)
+    def _local_part(self, save: LocalSave) -> dict[str, Any] | None:
+        if save.failed or self._writer is None:
+            return None
+        try:
+            reply = self._writer.recv(save.handed_over + self.writer_timeout_s)
+        except (WriterDiedError, WriterHungError) as exc:
+            self._writer.kill()
+            save.fail(f"rank {self.rank}: local-tier writer failed: {exc}", writer=True)
+            return None
+        if reply.get("type") == "error" or reply.get("job") != save.tmp.name:
+            save.fail(f"rank {self.rank}: writing step {save.step} locally failed: {reply}")
+            return None
+        files: dict[str, Any] = reply["files"]
+        _dcp.finish(save.tmp, save.metadata, [reply["results"]])
+        size, crc = _layout.file_checksum(save.tmp / ".metadata")
+        files[".metadata"] = {"size": size, _layout.CHECKSUM: crc}
+        return files
+
+    def _nonce(self) -> str:
+        value = torch.tensor([secrets.randbits(62)], dtype=torch.int64)
+        if self.repl_group is not None:
+            dist.broadcast(value, dist.get_global_rank(self.repl_group, 0), group=self.repl_group)
+        return f"{int(value.item()):016x}"
+
+    def _complete(self, save: LocalSave) -> None:
+        incoming: list[_replicate.Incoming] = []
+        try:
+            try:
+                files = self._local_part(save)
+            except Exception as exc:
+                save.fail(f"rank {self.rank}: finishing the local shard failed: {exc!r}")
+                files = None
+            nonce = self._nonce()
+            manifest = None
+            if files is not None:
+                manifest = json.loads(_layout.build_manifest(save.step, nonce, self.world, files))
+                manifest["shard"] = self.rank
+                _layout.write_durable(save.tmp / _layout.MANIFEST, json.dumps(manifest).encode())
+                _layout.fsync_dir(save.tmp)
+                save.bytes = int(manifest["bytes"])
+            incoming = [
+                _replicate.Incoming(
+                    src, _holdings.tmp_shard_dir(self.root, save.step, src, secrets.token_hex(6))
+                )
+                for src in self.sources
+            ]
+            if self.repl_group is not None:
+                self._send_replicas(save, nonce, manifest, incoming)
+            code = torch.tensor([1 if save.failed else 0], dtype=torch.int64)
+            if self.repl_group is not None:
+                dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.repl_group)
+            if int(code.item()) == 0:
+                self._commit(save, incoming)
+            else:
+                save.fail(f"another rank failed its part of step {save.step}")
+        except Exception as exc:
+            logger.exception("local save of step %d failed", save.step)
+            save.fail(f"rank {self.rank}: local save of step {save.step}: {exc}")
+        finally:
+            if save.failed:
+                for path in [save.tmp, *(i.directory for i in incoming)]:
+                    shutil.rmtree(path, ignore_errors=True)
+                kind = WriterFailedError if save.writer_failed else SaveFailedError
+                save.error = kind(
+                    f"local save of step {save.step} failed; the previous step is intact: "
+                    f"{save.failed}"
+                )
+            self._report(save)
+            save.done.set()
+
+    def _send_replicas(
+        self,
+        save: LocalSave,
+        nonce: str,
+        manifest: dict[str, Any] | None,
+        incoming: list[_replicate.Incoming],
+    ) -> None:
+        assert self.repl_group is not None
+        t0 = time.monotonic()
+        outgoing = [_replicate.Outgoing(dst, save.tmp, manifest) for dst in self.peers]
+        _replicate.exchange(
+            self.repl_group,
+            outgoing,
+            incoming,
+            timeout_s=self.tier.timeout_s,
+            what=f"replicating step {save.step} (rank {self.rank})",
+            peer_node=self.topology.node_of,
+        )
+        for i in incoming:
+            if i.error:
+                save.fail(f"rank {self.rank}: replica of rank {i.src}: {i.error}")
+            elif i.manifest is None or i.manifest.get("nonce") != nonce:
+                save.fail(f"rank {self.rank}: replica of rank {i.src} is of another save")
+            save.replica_bytes += i.bytes
+        if incoming and not save.failed:
+            _events.emit(
+                "checkpoint_saved",
+                step=save.step,
+                tier="replica",
+                bytes=save.replica_bytes,
+                blocked_s=0.0,
+                total_s=round(time.monotonic() - t0, 6),
+            )
+
+    def _commit(self, save: LocalSave, incoming: list[_replicate.Incoming]) -> None:
+        step_dir = _layout.step_dir(self.root, save.step)
+        step_dir.mkdir(exist_ok=True)
+        moves = [(save.tmp, self.rank)] + [(i.directory, i.src) for i in incoming]
+        for tmp, shard in moves:
+            final = _holdings.shard_dir(self.root, save.step, shard)
+            _layout.remove_tree(final)  # an older save of the same step (never committed whole)
+            tmp.rename(final)
+        _layout.fsync_dir(step_dir)
+        _layout.fsync_dir(self.root)
+        self._retention()
+
+    def _retention(self) -> None:
+        steps = _holdings.committed_steps(self.root)
+        for step in steps[: -self.tier.keep_last]:
+            with contextlib.suppress(OSError):
+                _layout.remove_tree(_layout.step_dir(self.root, step))
+
+    def _report(self, save: LocalSave) -> None:
+        save.total_s = time.monotonic() - save.started
+        if save.failed:
+            _events.emit("checkpoint_save_failed", step=save.step, tier="local", error=save.failed)
+            logger.error("local save of step %d failed: %s", save.step, save.failed)
+            return
+        _events.emit(
+            "checkpoint_saved",
+            step=save.step,
+            tier="local",
+            bytes=save.bytes,
+            blocked_s=round(save.blocked_s, 6),
+            total_s=round(save.total_s, 6),
+        )
+        logger.info(
+            "step %d saved locally (+%d replica bytes): blocked %.3f s, durable after %.3f s",
+            save.step,
+            save.replica_bytes,
+            save.blocked_s,
+            save.total_s,
+        )
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Wait for the save in flight (errors logged), then stop the writer."""
+        try:
+            self.wait_previous()
+        except SaveFailedError as exc:
+            logger.warning("%s", exc)
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._arena.close()

@@ -1,0 +1,208 @@
+"""A ``CheckpointManager`` over several tiers: each tier on its own cadence, restore by tier.
+
+``CheckpointManager(root_or_None, tiers=[...])`` builds one of these and forwards every public
+call to it. The persistent tier is an ordinary (single-tier) ``CheckpointManager``; the local
+tier is a :class:`~resiliency.checkpoint._local_tier.LocalSaver`. Each tier has at most one save
+in flight; a step due on both tiers is staged for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from . import _dcp, _tiered_restore
+from ._local_tier import LocalSave, LocalSaver
+from .errors import CheckpointError, SaveFailedError
+from .tiers import LocalTier, PersistentTier
+
+logger = logging.getLogger(__name__)
+
+
+class TieredSaveHandle:
+    """The handle of one save on one or more tiers (``SaveHandle``'s interface)."""
+
+    def __init__(
+        self, owner: TieredCheckpoints, step: int, local: LocalSave | None, persistent: Any
+    ) -> None:
+        self._owner = owner
+        self.step = step
+        self._local = local
+        self._persistent = persistent
+        self.tiers = [n for n, x in (("local", local), ("persistent", persistent)) if x is not None]
+
+    def done(self) -> bool:
+        """True once every tier of this save knows its outcome; never blocks."""
+        return (self._local is None or self._local.done.is_set()) and (
+            self._persistent is None or self._persistent.done()
+        )
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the step is committed on its tiers; raise the first (agreed) failure."""
+        error: BaseException | None = None
+        if self._local is not None and self._owner.local is not None:
+            if self._owner.local.inflight is self._local:
+                try:
+                    self._owner.local.wait_previous(timeout)
+                except SaveFailedError as exc:
+                    error = exc
+            elif not self._local.done.wait(timeout):
+                raise TimeoutError(f"the local save of step {self.step} is still in flight")
+            elif self._local.error is not None:
+                error = self._local.error
+        if self._persistent is not None:
+            self._persistent.wait(timeout)
+        if error is not None:
+            raise error
+
+
+def _split(
+    root: str | Path | None, tiers: Sequence[Any]
+) -> tuple[LocalTier | None, PersistentTier | None]:
+    local = [t for t in tiers if isinstance(t, LocalTier)]
+    persistent = [t for t in tiers if isinstance(t, PersistentTier)]
+    other = [t for t in tiers if not isinstance(t, LocalTier | PersistentTier)]
+    if other or len(local) > 1 or len(persistent) > 1:
+        raise ValueError(
+            f"tiers takes at most one LocalTier and one PersistentTier, got {list(tiers)!r}"
+        )
+    if root is not None:
+        if persistent:
+            raise ValueError("give the persistent directory either as root or as a PersistentTier")
+        persistent = [PersistentTier(root, every=1)]
+    if not local and not persistent:
+        raise ValueError("tiers is empty and no root was given")
+    return (local[0] if local else None), (persistent[0] if persistent else None)
+
+
+class TieredCheckpoints:
+    """The multi-tier engine behind ``CheckpointManager(..., tiers=...)``."""
+
+    def __init__(
+        self,
+        root: str | Path | None,
+        tiers: Sequence[Any],
+        *,
+        async_save: bool,
+        process_group: dist.ProcessGroup | None,
+        writer_timeout_s: float,
+        control_group: dist.ProcessGroup | None,
+    ) -> None:
+        from .manager import CheckpointManager  # noqa: PLC0415 -- the manager imports us
+
+        self.local_tier, self.persistent_tier = _split(root, tiers)
+        self.async_save = async_save
+        self.group = control_group
+        self.rank = dist.get_rank(control_group) if control_group is not None else 0
+        self.world = dist.get_world_size(control_group) if control_group is not None else 1
+        self.persistent: Any = None
+        if self.persistent_tier is not None:
+            self.persistent = CheckpointManager(
+                self.persistent_tier.local_path(),
+                keep_last=self.persistent_tier.keep_last,
+                keep_every=self.persistent_tier.keep_every,
+                async_save=async_save,
+                process_group=process_group,
+                writer_timeout_s=writer_timeout_s,
+            )
+        self.local: LocalSaver | None = None
+        if self.local_tier is not None:
+            self.local = LocalSaver(self.local_tier, control_group, writer_timeout_s)
+        self.root = self.persistent.root if self.persistent is not None else None
+        self._closed = False
+
+    def due(self, step: int, tier: str | None) -> tuple[bool, bool]:
+        """Which tiers save ``step``: (local, persistent)."""
+        if tier is not None and tier not in ("local", "persistent"):
+            raise ValueError(f"tier must be 'local', 'persistent' or None, got {tier!r}")
+        local = self.local_tier is not None and (
+            tier == "local" or (tier is None and step % self.local_tier.every == 0)
+        )
+        persistent = self.persistent_tier is not None and (
+            tier == "persistent" or (tier is None and step % self.persistent_tier.every == 0)
+        )
+        return local, persistent
+
+    def save(self, step: int, state: dict[str, Any], tier: str | None = None) -> TieredSaveHandle:
+        if self._closed:
+            raise CheckpointError("the CheckpointManager is closed")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        due_local, due_persistent = self.due(step, tier)
+        local_save = None
+        if due_local:
+            assert self.local is not None
+            with contextlib.suppress(SaveFailedError):  # logged on every rank
+                self.local.wait_previous()
+            local_save = self.local.save(step, _dcp.to_state_dict(state))
+        persistent_handle = self.persistent.save(step, state) if due_persistent else None
+        handle = TieredSaveHandle(self, step, local_save, persistent_handle)
+        if not self.async_save:
+            handle.wait()
+        return handle
+
+    def wait(self, timeout: float | None = None) -> None:
+        error: BaseException | None = None
+        if self.local is not None:
+            try:
+                self.local.wait_previous(timeout)
+            except SaveFailedError as exc:
+                error = exc
+        if self.persistent is not None:
+            self.persistent.wait(timeout)
+        if error is not None:
+            raise error
+
+    def steps(self) -> list[int]:
+        """Steps this rank sees committed on any tier (a listing; ``load`` verifies)."""
+        from . import _holdings  # noqa: PLC0415
+
+        found: set[int] = set()
+        if self.local is not None:
+            found |= {
+                s
+                for s in _holdings.committed_steps(self.local.root)
+                if _holdings.shard_dir(self.local.root, s, self.rank).exists()
+            }
+        if self.persistent is not None:
+            found |= set(self.persistent.steps())
+        return sorted(found)
+
+    def latest(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def load(self, state: dict[str, Any], step: int | None = None) -> int | None:
+        if self._closed:
+            raise CheckpointError("the CheckpointManager is closed")
+        with contextlib.suppress(SaveFailedError):
+            self.wait()
+        return _tiered_restore.restore(
+            state,
+            step,
+            rank=self.rank,
+            world=self.world,
+            group=self.group,
+            local=self.local,
+            persistent=self.persistent,
+        )
+
+    @property
+    def writer_pid(self) -> int | None:
+        return self.persistent.writer_pid if self.persistent is not None else None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.local is not None:
+                self.local.close()
+        finally:
+            if self.persistent is not None:
+                self.persistent.close()

@@ -1,0 +1,77 @@
+"""Local + persistent tiers on real 2-process gloo jobs (one rank per node, GROUP_RANK per process).
+
+Local every step (replicated to the other node), persistent every 5 steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiers_harness import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_replica_restore_permuted_nodes_and_persistent_fallback(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    first = c.run(12)
+    assert all(r["restored"] is None for r in first.values())
+    for node in (0, 1):  # keep_last=2; each node holds both shards (own + the peer's replica)
+        assert c.committed(node) == {11: [0, 1], 12: [0, 1]}
+    assert c.persistent_steps() == [5, 10]
+
+    # A replaced node 1 (empty local dir): rank 1 restores from node 0's replica, step 12.
+    c.wipe(1)
+    second = c.run(14)
+    assert [second[r]["restored"] for r in (0, 1)] == [12, 12]
+    assert second[0]["tier"] == "local" and second[1]["tier"] == "replica"
+    assert second[0]["identical"] and second[1]["identical"]
+    assert c.committed(1) == {13: [0, 1], 14: [0, 1]}  # re-replicated by the new saves
+
+    # Node ranks permuted: the process on node0-local is now rank 1, and vice versa.
+    third = c.run(16, order=(1, 0))
+    assert [third[r]["restored"] for r in (0, 1)] == [14, 14]
+    assert third[0]["identical"] and third[1]["identical"]
+
+    # Every local copy lost: the persistent tier (step 15) restores.
+    c.wipe(0)
+    c.wipe(1)
+    fourth = c.run(17)
+    assert [fourth[r]["restored"] for r in (0, 1)] == [15, 15]
+    assert {fourth[r]["tier"] for r in (0, 1)} == {"persistent"}
+    assert fourth[0]["identical"] and fourth[1]["identical"]
+
+
+def test_corrupt_replica_falls_back_to_an_older_step_whole(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    c.run(12)
+    shard = tmp_path / "node0-local" / "step_000000012" / "shard_1"
+    data = next(p for p in shard.iterdir() if p.name.endswith(".distcp"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    c.wipe(1)  # the owner of shard 1 lost its own copy
+    second = c.run(13)
+    # Step 12 cannot be assembled (shard 1's only copy is corrupt): every rank takes step 11.
+    assert [second[r]["restored"] for r in (0, 1)] == [11, 11]
+    assert second[1]["tier"] == "replica"
+    assert second[0]["identical"] and second[1]["identical"]
+    assert "corrupt" in c.logs("job2")
+
+
+def test_node_killed_mid_replication_commits_nothing(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    c.run(8, "--kill-in-replication", "8", "--kill-node", "1", expect_ok=False)
+    assert (c.out / "killed-1").exists()
+    for node in (0, 1):
+        assert 8 not in c.committed(node), c.committed(node)
+        assert c.committed(node)[7] == [0, 1]
+    assert 8 not in c.persistent_steps()
+    second = c.run(9)
+    assert [second[r]["restored"] for r in (0, 1)] == [7, 7]
+    assert second[0]["identical"] and second[1]["identical"]

@@ -1,0 +1,137 @@
+"""Run tiers_worker.py jobs: plain 2-process gloo jobs (one rank per "node"), or under ft-launcher.
+
+Every node has its own local-tier directory; a node's GROUP_RANK can be permuted between jobs.
+Every process is killed by pid (its session) after the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+WORKER = Path(__file__).resolve().with_name("tiers_worker.py")
+JOB_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """Two "nodes" with their own local dirs, one shared persistent dir and one output dir."""
+
+    def __init__(self, tmp: Path, nodes: int = 2) -> None:
+        self.tmp = tmp
+        self.local = [tmp / f"node{n}-local" for n in range(nodes)]
+        self.persistent = tmp / "persistent"
+        self.out = tmp / "out"
+        self.goodput = tmp / "goodput"
+        for path in [*self.local, self.out, self.goodput]:
+            path.mkdir(parents=True, exist_ok=True)
+        self.jobs = 0
+
+    def wipe(self, node: int) -> None:
+        shutil.rmtree(self.local[node])
+        self.local[node].mkdir()
+
+    def env(self, node_dir: int, tag: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TIER_LOCAL_DIR": str(self.local[node_dir]),
+            "TIER_OUT": str(self.out),
+            "RESILIENCY_GOODPUT_DIR": str(self.goodput / tag),
+            "RESILIENCY_JOB_ID": tag,
+        }
+
+    def run(
+        self, steps: int, *extra: str, order: tuple[int, ...] = (0, 1), expect_ok: bool = True
+    ) -> dict[int, dict[str, Any]]:
+        """One plain job: the process on local dir ``order[g]`` is node (and rank) ``g``."""
+        self.jobs += 1
+        tag = f"job{self.jobs}"
+        port = free_port()
+        procs = []
+        logs = []
+        for group_rank, node_dir in enumerate(order):
+            env = self.env(node_dir, tag)
+            env.update(
+                RANK=str(group_rank),
+                LOCAL_RANK="0",
+                WORLD_SIZE=str(len(order)),
+                GROUP_RANK=str(group_rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            log = open(self.tmp / f"{tag}-rank{group_rank}.log", "w")  # noqa: SIM115
+            logs.append(log)
+            argv = [sys.executable, str(WORKER), str(self.persistent), str(steps), "--tag", tag]
+            procs.append(
+                subprocess.Popen(
+                    [*argv, *extra],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        codes = []
+        try:
+            for proc in procs:
+                try:
+                    codes.append(proc.wait(JOB_TIMEOUT_S))
+                except subprocess.TimeoutExpired:
+                    codes.append(None)
+        finally:
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            for log in logs:
+                log.close()
+        text = self.logs(tag)
+        if expect_ok:
+            assert codes == [0] * len(order), f"{tag} exit codes {codes}:\n{text[-8000:]}"
+            return self.results(tag, len(order))
+        assert None not in codes, f"{tag} hung:\n{text[-8000:]}"
+        return {}
+
+    def logs(self, tag: str) -> str:
+        return "".join(
+            f"\n--- {p.name}\n" + p.read_text(errors="replace")
+            for p in sorted(self.tmp.glob(f"{tag}-rank*.log"))
+        )
+
+    def results(self, tag: str, world: int) -> dict[int, dict[str, Any]]:
+        out = {r: json.loads((self.out / f"{tag}-rank{r}.json").read_text()) for r in range(world)}
+        for event in self.events(tag):
+            if event["event"] == "checkpoint_loaded" and event.get("rank") in out:
+                out[event["rank"]]["tier"] = event["tier"]
+        return out
+
+    def events(self, tag: str) -> list[dict[str, Any]]:
+        events = []
+        for path in sorted((self.goodput / tag).glob("*.jsonl")):
+            events += [json.loads(line) for line in path.read_text().splitlines() if line]
+        return events
+
+    def committed(self, node_dir: int) -> dict[int, list[int]]:
+        """step -> shards committed on a node's local tier."""
+        out: dict[int, list[int]] = {}
+        for step_dir in sorted(self.local[node_dir].glob("step_*")):
+            shards = sorted(int(p.name.split("_")[1]) for p in step_dir.glob("shard_*"))
+            out[int(step_dir.name.split("_")[1])] = shards
+        return out
+
+    def persistent_steps(self) -> list[int]:
+        return sorted(int(p.name.split("_")[1]) for p in self.persistent.glob("step_*"))
