@@ -27,6 +27,8 @@ REQUIRED = (
     "straggler.scoring_64",
     "straggler.scoring_512",
     "straggler.scoring_4096",
+    "goodput.report",
+    "goodput.step",
 )
 
 SECTION_CASE = 'detection_section("step", profile_cuda=False)'
@@ -291,12 +293,45 @@ def _cupti(data: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def _goodput(data: dict[str, Any]) -> list[Figure]:
+    report = Stats.of(data["report_runs_s"])
+    step = Stats.of(data["step_runs_us"])
+    report_target, step_target = float(data["report_target_s"]), float(data["step_target_us"])
+    return [
+        Figure(
+            key="goodput.report",
+            group="goodput",
+            title=f"resiliency-goodput report on {data['events']:,} events",
+            unit="s",
+            stats=report,
+            target=report_target,
+            target_text=f"<= {report_target:g} s (for 1,000,000 events)",
+            # The target is for a million events; a quick run with fewer is not judged.
+            ok=None
+            if report.median is None or data["events"] < 1_000_000
+            else report.median <= report_target,
+            extra={"events": data["events"], "ledger_bytes": data["ledger_bytes"]},
+        ),
+        Figure(
+            key="goodput.step",
+            group="goodput",
+            title="goodput Recorder.step() on the training thread",
+            unit="us",
+            stats=step,
+            target=step_target,
+            target_text=f"<= {step_target:g} us",
+            ok=None if step.median is None else step.median <= step_target,
+        ),
+    ]
+
+
 COLLECTORS = {
     "ft_client": _ft_client,
     "hang_monitor": _hang_monitor,
     "launcher": _launcher,
     "straggler": _straggler,
     "cupti_overhead": _cupti,
+    "goodput": _goodput,
 }
 
 
@@ -307,7 +342,14 @@ def collect(results: Path, ran: set[str]) -> list[Figure]:
         data = _load(results, name, ran)
         if data is not None:
             figures.extend(collector(data))
-    order = {"hot path": 0, "hang detection": 1, "launcher": 2, "scoring": 3, "GPU": 4}
+    order = {
+        "hot path": 0,
+        "hang detection": 1,
+        "launcher": 2,
+        "scoring": 3,
+        "goodput": 4,
+        "GPU": 5,
+    }
     return sorted(figures, key=lambda f: order[f.group])
 
 

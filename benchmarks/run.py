@@ -51,6 +51,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "launcher": Benchmark(
         "bench_launcher.py", ["--repeat", "5"], ["--repeat", "1", "--torchrun-hang-wait", "3"]
     ),
+    "goodput": Benchmark("bench_goodput_report.py", [], ["--events", "100000", "--repeats", "1"]),
     "cupti_overhead": Benchmark(
         "bench_cupti_overhead.py",
         [],

@@ -15,6 +15,9 @@ Categories (they sum to the total time, see docs/goodput.md):
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,85 +137,127 @@ def _weighted_median(pairs: list[tuple[float, int]]) -> float:
     return pairs[-1][0]
 
 
+def _median(values: list[float], weights: list[int] | None) -> float:
+    """(Weighted) lower median of sorted ``values``."""
+    if weights is None:
+        return values[max(math.ceil(len(values) / 2) - 1, 0)]
+    return _weighted_median(list(zip(values, weights, strict=True)))
+
+
 def auto_step_time(timeline: Timeline) -> float | None:
     """Median of step durations no longer than median + 3 x MAD (weighted by steps)."""
-    eff = _full_lengths(timeline)
-    pairs = sorted(
-        (length / b.steps, b.steps)
-        for b, length in zip(timeline.bases, eff, strict=True)
-        if b.category == "work" and length > 0
-    )
-    if not pairs:
+    work = timeline.work
+    if not work.n:
         return None
+    if min(work.n) == max(work.n) == 1:  # every step recorded: plain medians, sorted in C
+        values = sorted(work.eff)
+        median = _median(values, None)
+        mad = _median(sorted([abs(v - median) for v in values]), None)
+        limit = median + 3.0 * mad
+        return _median(values[: bisect.bisect_right(values, limit)], None)
+    pairs = sorted(zip(map(operator.truediv, work.eff, work.n), work.n, strict=True))
     median = _weighted_median(pairs)
     mad = _weighted_median(sorted((abs(v - median), n) for v, n in pairs))
     limit = median + 3.0 * mad
-    kept = [(v, n) for v, n in pairs if v <= limit]
-    return _weighted_median(kept)
+    return _weighted_median([(v, n) for v, n in pairs if v <= limit])
 
 
-def _effective_lengths(
-    timeline: Timeline, lo: float, hi: float, first: int
-) -> tuple[dict[str, float], list[float]]:
-    """Overlay seconds within ``[lo, hi)`` and, per base from ``first`` on, its uncovered part."""
+@dataclass
+class _Shares:
+    """Per work interval: productive, lost and slowdown seconds, and their prefix sums."""
+
+    productive: list[float]
+    lost: list[float]
+    slowdown: list[float]
+    sums: dict[str, list[float]]
+
+
+def _shares(timeline: Timeline, ideal: float | None) -> _Shares:
+    work = timeline.work
+    kept_share = list(map(operator.truediv, map(operator.sub, work.n, work.lost), work.n))
+    kept = list(map(operator.mul, work.eff, kept_share))
+    if ideal is None:
+        productive = kept
+    else:
+        cap = map(operator.mul, work.n, itertools.repeat(ideal))
+        productive = list(map(operator.mul, kept_share, map(min, work.eff, cap)))
+    lost = list(map(operator.sub, work.eff, kept))
+    slowdown = list(map(operator.sub, kept, productive))
+    sums = {
+        "productive": list(itertools.accumulate(productive, initial=0.0)),
+        "lost_progress": list(itertools.accumulate(lost, initial=0.0)),
+        "slowdown": list(itertools.accumulate(slowdown, initial=0.0)),
+    }
+    return _Shares(productive, lost, slowdown, sums)
+
+
+def _overlay_overlap(overlays: list[tuple[float, float, str]], a: float, b: float) -> float:
+    return sum(min(y, b) - max(x, a) for x, y, _ in overlays if y > a and x < b)
+
+
+def _work_breakdown(
+    timeline: Timeline, shares: _Shares, lo: float, hi: float, seconds: dict[str, float]
+) -> None:
+    """Add the work intervals' seconds within ``[lo, hi)``."""
+    work = timeline.work
+    first = bisect.bisect_right(work.end, lo)
+    last = bisect.bisect_left(work.start, hi)  # intervals first..last-1 meet the range
+    if first >= last:
+        return
+    inner_first = first if work.start[first] >= lo else first + 1
+    inner_last = last if work.end[last - 1] <= hi else last - 1
+    if inner_first < inner_last:
+        for name, sums in shares.sums.items():
+            seconds[name] += sums[inner_last] - sums[inner_first]
+    for i in {first, last - 1}:
+        if inner_first <= i < inner_last:
+            continue
+        a, b = max(work.start[i], lo), min(work.end[i], hi)
+        if b <= a or work.eff[i] <= 0:
+            continue
+        clipped = max(b - a - _overlay_overlap(timeline.overlays, a, b), 0.0)
+        share = clipped / work.eff[i]
+        seconds["productive"] += shares.productive[i] * share
+        seconds["lost_progress"] += shares.lost[i] * share
+        seconds["slowdown"] += shares.slowdown[i] * share
+
+
+def _base_lengths(timeline: Timeline, lo: float, hi: float, first: int) -> list[float]:
+    """Per base from ``first`` on, its part within ``[lo, hi)`` not covered by an overlay."""
     overlays = timeline.overlays
-    covered: dict[str, float] = {"loading": 0.0, "saving": 0.0, "hang": 0.0}
-    for a, b, category in overlays:
-        if b > lo and a < hi:
-            covered[category] += min(b, hi) - max(a, lo)
     lengths: list[float] = []
-    j = bisect.bisect_right([o[1] for o in overlays], lo) if overlays else 0
-    n_over = len(overlays)
     for base in timeline.bases[first:]:
         if base.start > hi:
             break
         a, b = max(base.start, lo), min(base.end, hi)
-        if b <= a:
-            lengths.append(0.0)
-            continue
-        length = b - a
-        while j < n_over and overlays[j][1] <= a:
-            j += 1
-        k = j
-        while k < n_over and overlays[k][0] < b:
-            length -= min(overlays[k][1], b) - max(overlays[k][0], a)
-            k += 1
-        lengths.append(max(length, 0.0))
-    return covered, lengths
+        lengths.append(max(b - a - _overlay_overlap(overlays, a, b), 0.0) if b > a else 0.0)
+    return lengths
 
 
-def breakdown(timeline: Timeline, ideal: float | None, lo: float, hi: float) -> Breakdown:
+def breakdown(
+    timeline: Timeline, ideal: float | None, lo: float, hi: float, shares: _Shares | None = None
+) -> Breakdown:
     """The breakdown of ``[lo, hi)`` (clipped to the ledger's span)."""
     lo, hi = max(lo, timeline.start), min(hi, timeline.end)
     result = Breakdown(lo, max(hi, lo))
     if hi <= lo:
         return result
     seconds = result.seconds
-    ends = [b.end for b in timeline.bases]
-    first = bisect.bisect_right(ends, lo)
-    covered, lengths = _effective_lengths(timeline, lo, hi, first)
-    seconds["loading"] += covered["loading"]
-    seconds["saving"] += covered["saving"]
-    seconds["restart"] += covered["hang"]
-    result.hang_detection = covered["hang"]
+    for a, b, category in timeline.overlays:
+        if b > lo and a < hi:
+            part = min(b, hi) - max(a, lo)
+            seconds["restart" if category == "hang" else category] += part
+            if category == "hang":
+                result.hang_detection += part
+    _work_breakdown(timeline, shares or _shares(timeline, ideal), lo, hi, seconds)
+    first = bisect.bisect_right(timeline.base_ends, lo)
+    lengths = _base_lengths(timeline, lo, hi, first)
     full = _full_lengths(timeline)
     for offset, length in enumerate(lengths):
         if length <= 0:
             continue
         base = timeline.bases[first + offset]
-        if base.category == "work":
-            whole = full[first + offset]
-            per_step = whole / base.steps
-            kept_share = (base.steps - base.lost) / base.steps
-            seconds["lost_progress"] += length * (1.0 - kept_share)
-            kept = length * kept_share
-            if ideal is None or per_step <= ideal:
-                seconds["productive"] += kept
-            else:
-                useful = kept * ideal / per_step
-                seconds["productive"] += useful
-                seconds["slowdown"] += kept - useful
-        elif base.implicit and ideal is not None:
+        if base.implicit and ideal is not None:
             whole = full[first + offset]
             step_share = min(ideal, whole) / whole if whole > 0 else 0.0
             work = length * step_share
@@ -226,7 +271,7 @@ def breakdown(timeline: Timeline, ideal: float | None, lo: float, hi: float) -> 
 def _full_lengths(timeline: Timeline) -> list[float]:
     """Every base interval's uncovered seconds (cached on the timeline)."""
     if timeline.effective is None:
-        timeline.effective = _effective_lengths(timeline, timeline.start, timeline.end, 0)[1]
+        timeline.effective = _base_lengths(timeline, timeline.start, timeline.end, 0)
     return timeline.effective
 
 
@@ -255,7 +300,8 @@ def compute(
             ) from None
         if ideal <= 0:
             raise GoodputError(f"reference step time must be positive, not {ideal}")
-    whole = breakdown(timeline, ideal, timeline.start, timeline.end)
+    shares = _shares(timeline, ideal)
+    whole = breakdown(timeline, ideal, timeline.start, timeline.end, shares)
     attempts = [
         AttemptRow(
             c.number,
@@ -263,7 +309,7 @@ def compute(
             c.timer,
             c.restore_step,
             c.last_step,
-            breakdown(timeline, ideal, c.start, c.end),
+            breakdown(timeline, ideal, c.start, c.end, shares),
         )
         for c in timeline.cycles
     ]
@@ -273,7 +319,7 @@ def compute(
             raise GoodputError(f"the window must be positive, not {window_s}")
         lo = timeline.start
         while lo < timeline.end:
-            windows.append(breakdown(timeline, ideal, lo, lo + window_s))
+            windows.append(breakdown(timeline, ideal, lo, lo + window_s, shares))
             lo += window_s
     google = None
     if ledger.google is not None and ideal is not None:

@@ -9,19 +9,24 @@ Events of every file are merged by wall time. Google Cloud Resiliency logs (line
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resiliency.goodput._time import parse_time
+from resiliency.goodput._time import _minute_cache, parse_time
 from resiliency.goodput.errors import GoodputError
 from resiliency.goodput.google import GoogleLog, convert_google_line
 from resiliency.goodput.schema import EVENT_TYPES, SCHEMA_VERSION, validate_event
 
-CHUNK_LINES = 4096
+BLOCK_BYTES = 1 << 20
+_MINUTE = operator.itemgetter(slice(0, 16))
+_SECONDS = operator.itemgetter(slice(17, 26))
+_ZONE = operator.itemgetter(slice(26, None))
 CLOCK_TOLERANCE_S = 1.0
 MAX_WARNINGS_PER_FILE = 20
 
@@ -110,63 +115,97 @@ class _FileReader:
             self.ledger.warnings.append(f"{self.name}: more problems; not shown")
 
     def read(self, progress: Callable[[int], None] | None) -> None:
+        number = 0  # lines before the current block
         with self.path.open("rb") as stream:
-            number = 0
-            chunk: list[tuple[int, bytes]] = []
-            for raw in stream:
-                number += 1
-                chunk.append((number, raw))
-                if len(chunk) >= CHUNK_LINES:
-                    self._chunk(chunk, last=False)
-                    if progress is not None:
-                        progress(sum(len(r) for _, r in chunk))
-                    chunk = []
-            if chunk:
-                self._chunk(chunk, last=True)
+            rest = b""
+            while True:
+                data = stream.read(BLOCK_BYTES)
+                block = rest + data
+                if not data:
+                    if block:
+                        self._block(block, number, truncated=not block.endswith(b"\n"))
+                        number += block.count(b"\n") + (not block.endswith(b"\n"))
+                    break
+                cut = block.rfind(b"\n") + 1
+                block, rest = block[:cut], block[cut:]
+                if block:
+                    self._block(block, number, truncated=False)
+                    number += block.count(b"\n")
                 if progress is not None:
-                    progress(sum(len(r) for _, r in chunk))
-            self.ledger.lines += number
+                    progress(len(data))
+        self.ledger.lines += number
 
-    def _chunk(self, chunk: list[tuple[int, bytes]], last: bool) -> None:
-        truncated = last and not chunk[-1][1].endswith(b"\n")
-        body = [raw.strip() for _, raw in chunk]
-        try:  # one parse for the whole chunk: much faster than a parse per line
-            objs = json.loads(b"[" + b",".join(b for b in body if b) + b"]")
-            numbers = [n for (n, _), b in zip(chunk, body, strict=True) if b]
+    def _block(self, block: bytes, before: int, truncated: bool) -> None:
+        """Parse a block of whole lines (the last one maybe without its newline)."""
+        body = block[:-1] if block.endswith(b"\n") else block
+        try:  # one parse for the whole block: much faster than a parse per line
+            objs = json.loads(b"[" + body.replace(b"\n", b",") + b"]")
         except ValueError:
-            objs, numbers = [], []
-            for (n, raw), text in zip(chunk, body, strict=True):
-                if not text:
-                    continue
-                try:
-                    objs.append(json.loads(text))
-                    numbers.append(n)
-                except ValueError as exc:
-                    if truncated and n == chunk[-1][0]:
-                        self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
-                    else:
-                        reason = getattr(exc, "msg", str(exc))
-                        shown = text[:80].decode("utf-8", "replace")
-                        self.warn(n, f"malformed line skipped ({reason}): {shown!r}")
-        for n, obj in zip(numbers, objs, strict=True):
+            self._lines(body.split(b"\n"), before, truncated)
+            return
+        self._objects(objs, before + 1)
+
+    def _lines(self, lines: list[bytes], before: int, truncated: bool) -> None:
+        """The slow way, line by line, for a block with a bad line."""
+        for n, raw in enumerate(lines, before + 1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                if truncated and n == before + len(lines):
+                    self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
+                else:
+                    reason = getattr(exc, "msg", str(exc))
+                    shown = text[:80].decode("utf-8", "replace")
+                    self.warn(n, f"malformed line skipped ({reason}): {shown!r}")
+                continue
             self._add(n, obj)
 
-    def _fast_step(self, n: int, obj: Any) -> bool:
-        """Take a well-formed step line the quick way; False for anything else."""
-        if type(obj) is dict and obj.get("event") == "step" and obj.get("schema") == SCHEMA_VERSION:
-            step, attempt = obj.get("step"), obj.get("attempt")
-            if type(step) is int and type(attempt) is int:
-                try:
-                    self.ledger.steps.append((parse_time(obj["time"]), step, attempt))
-                except (KeyError, ValueError) as exc:
-                    self.warn(n, f"bad time skipped: {exc}")
-                return True
-        return False
+    def _objects(self, objs: list[Any], first: int) -> None:
+        """Add parsed lines; well-formed step lines in bulk (there can be millions)."""
+        try:
+            events = list(map(dict.get, objs, itertools.repeat("event")))
+        except TypeError:  # a line that is no object: one by one
+            events = []
+        if events.count("step") < 64 or not self._bulk_steps(objs, events):
+            for n, obj in enumerate(objs, first):
+                self._add(n, obj)
+            return
+        for n, (obj, event) in enumerate(zip(objs, events, strict=True), first):
+            if event != "step":
+                self._add(n, obj)
+
+    def _bulk_steps(self, objs: list[Any], events: list[Any]) -> bool:
+        """Add every step line of a block at C speed; False (nothing added) if one is unusual."""
+        steps = [o for o, e in zip(objs, events, strict=True) if e == "step"]
+        get, every = dict.get, itertools.repeat
+        numbers: list[Any] = list(map(get, steps, every("step")))
+        attempts: list[Any] = list(map(get, steps, every("attempt")))
+        times: list[Any] = list(map(get, steps, every("time")))
+        if (
+            set(map(get, steps, every("schema"))) != {SCHEMA_VERSION}
+            or set(map(type, numbers)) != {int}
+            or set(map(type, attempts)) != {int}
+            or set(map(type, times)) != {str}
+            or set(map(len, times)) != {32}
+            or set(map(_ZONE, times)) != {"+00:00"}
+        ):
+            return False
+        minutes = list(map(_MINUTE, times))
+        try:
+            for minute in set(minutes) - _minute_cache.keys():
+                parse_time(minute + ":00.000000+00:00")
+            seconds = list(map(float, map(_SECONDS, times)))
+        except ValueError:
+            return False
+        when = map(operator.add, map(_minute_cache.__getitem__, minutes), seconds)
+        self.ledger.steps.extend(zip(when, numbers, attempts, strict=True))
+        return True
 
     def _add(self, n: int, obj: Any) -> None:
         ledger = self.ledger
-        if self._fast_step(n, obj):
-            return
         if self.google is None and isinstance(obj, dict):
             self.google = "event_type" in obj and "event" not in obj
         if self.google:

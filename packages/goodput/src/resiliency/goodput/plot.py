@@ -56,24 +56,29 @@ def _time_use(report: Report) -> list[tuple[float, float, str]]:
         return []
     ideal = report.ideal_step_time_s
     names = {"startup": "startup", "restart": "restart", "lost": "lost_progress"}
-    spans: list[tuple[float, float, str]] = []
-    for base in timeline.bases:
-        if base.category == "work":
-            per_step = (base.end - base.start) / base.steps
-            if base.lost * 2 > base.steps:
-                name = "lost_progress"
-            elif ideal is not None and per_step > 1.05 * ideal:
-                name = "slowdown"
-            else:
-                name = "productive"
+    spans: list[tuple[float, float, str]] = [
+        (base.start, base.end, names.get(base.category, "idle")) for base in timeline.bases
+    ]
+    work = timeline.work
+    for start, end, eff, n, lost in zip(
+        work.start, work.end, work.eff, work.n, work.lost, strict=True
+    ):
+        if lost * 2 > n:
+            name = "lost_progress"
+        elif ideal is not None and eff > 1.05 * ideal * n:
+            name = "slowdown"
         else:
-            name = names.get(base.category, "idle")
-        if spans and spans[-1][2] == name and spans[-1][1] == base.start:
-            spans[-1] = (spans[-1][0], base.end, name)
+            name = "productive"
+        spans.append((start, end, name))
+    spans.sort()
+    merged: list[tuple[float, float, str]] = []
+    for start, end, name in spans:
+        if merged and merged[-1][2] == name and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], end, name)
         else:
-            spans.append((base.start, base.end, name))
+            merged.append((start, end, name))
     overlay = {"loading": "loading", "saving": "saving", "hang": "restart"}
-    return spans + [(a, b, overlay[c]) for a, b, c in timeline.overlays]
+    return merged + [(a, b, overlay[c]) for a, b, c in timeline.overlays]
 
 
 def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:

@@ -17,18 +17,21 @@ duration.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import operator
 from dataclasses import dataclass, field
 
 from resiliency.goodput.ledger import Event, Ledger
 
 # Overlay categories, highest priority first where two overlap.
 OVERLAY_PRIORITY = {"loading": 3, "saving": 2, "hang": 1}
+LOAD = -1  # third item of a progress mark that is a checkpoint load (steps carry the attempt)
 
 
 @dataclass
 class Base:
-    """One base interval: a category, or ``work`` with ``steps`` of which ``lost`` are redone.
+    """One interval that is not work between two progress marks: a category.
 
     ``implicit`` marks a cycle's first step event with no checkpoint load before it: the interval
     before it holds one step of work, at most one ideal step of it.
@@ -37,9 +40,28 @@ class Base:
     start: float
     end: float
     category: str
-    steps: int = 0
     lost: int = 0
     implicit: bool = False
+
+
+@dataclass
+class Work:
+    """Work intervals between consecutive progress marks, as parallel lists (there can be a
+    million): ``start``/``end`` times, ``eff`` (seconds not covered by an overlay), ``n`` steps and
+    ``lost`` of them redone later. Sorted by time, not overlapping."""
+
+    start: list[float] = field(default_factory=list)
+    end: list[float] = field(default_factory=list)
+    eff: list[float] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+
+    def add(self, start: float, end: float, n: int, lost: int) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        self.eff.append(end - start)
+        self.n.append(n)
+        self.lost.append(lost)
 
 
 @dataclass
@@ -70,6 +92,8 @@ class Timeline:
     final_step: int | None = None
     saves: list[tuple[float, float, int]] = field(default_factory=list)
     loads: list[tuple[float, float, int]] = field(default_factory=list)
+    work: Work = field(default_factory=Work)
+    base_ends: list[float] = field(default_factory=list)
     effective: list[float] | None = None
 
 
@@ -158,8 +182,8 @@ def build_timeline(ledger: Ledger) -> Timeline:
     timeline = Timeline(start, end)
     timeline.cycles = cycles = _cycles(ledger, _cycle_starts(ledger, start), end)
 
-    # Progress marks per cycle: (time, step, is_load), in time order.
-    marks: list[list[tuple[float, int, bool]]] = [[] for _ in cycles]
+    # Progress marks per cycle: (time, step, LOAD) for loads, (time, step, attempt) for steps.
+    loads: list[list[tuple[float, int, int]]] = [[] for _ in cycles]
     raw: list[tuple[float, float, str]] = []
     save_starts: dict[tuple[int, str], float] = {}
     index = 0
@@ -168,7 +192,7 @@ def build_timeline(ledger: Ledger) -> Timeline:
             index += 1
         data = ev.data
         if ev.event == "checkpoint_loaded":
-            marks[index].append((ev.time, int(data["step"]), True))
+            loads[index].append((ev.time, int(data["step"]), LOAD))
             raw.append((ev.time - float(data["duration_s"]), ev.time, "loading"))
             timeline.loads.append((raw[-1][0], ev.time, int(data["step"])))
         elif ev.event == "checkpoint_save_started":
@@ -179,17 +203,19 @@ def build_timeline(ledger: Ledger) -> Timeline:
                 begin = ev.time - float(data["total_s"] or data["blocked_s"])
             raw.append((begin, begin + float(data["blocked_s"]), "saving"))
             timeline.saves.append((begin, ev.time, int(data["step"])))
-    index = 0
-    for when, step, _ in ledger.steps:
-        while index + 1 < len(cycles) and when >= cycles[index + 1].start:
-            index += 1
-        marks[index].append((when, step, False))
-    for cycle_marks in marks:
-        cycle_marks.sort()
+    step_times = [s[0] for s in ledger.steps]
+    bounds = [0] + [bisect.bisect_left(step_times, c.start) for c in cycles[1:]]
+    bounds.append(len(step_times))
+    marks: list[list[tuple[float, int, int]]] = []
+    for i, cycle_loads in enumerate(loads):
+        cycle_marks = ledger.steps[bounds[i] : bounds[i + 1]]
+        if cycle_loads:
+            cycle_marks = sorted(cycle_marks + cycle_loads)
+        marks.append(cycle_marks)
     for cycle, cycle_marks in zip(cycles, marks, strict=True):
         if cycle_marks:
-            _, first_step, is_load = cycle_marks[0]
-            cycle.restore_step = first_step if is_load else first_step - 1
+            _, first_step, kind = cycle_marks[0]
+            cycle.restore_step = first_step if kind == LOAD else first_step - 1
             cycle.last_step = cycle_marks[-1][1]
         if cycle.hang is not None:
             last = cycle_marks[-1][0] if cycle_marks else cycle.start
@@ -214,47 +240,80 @@ def build_timeline(ledger: Ledger) -> Timeline:
     timeline.initial_step = restored[0] if restored else None
     timeline.final_step = next((c.last_step for c in reversed(cycles) if c.last_step), None)
 
-    bases = timeline.bases
     for i, (cycle, cycle_marks) in enumerate(zip(cycles, marks, strict=True)):
-        _cut_cycle(bases, cycle, cycle_marks, index=i, count=len(cycles), future=future_restore[i])
+        _cut_cycle(
+            timeline, cycle, cycle_marks, index=i, count=len(cycles), future=future_restore[i]
+        )
+    timeline.base_ends = [b.end for b in timeline.bases]
+    _subtract_overlays(timeline.work, timeline.overlays)
     return timeline
 
 
+def _subtract_overlays(work: Work, overlays: list[tuple[float, float, str]]) -> None:
+    """Take the overlays' time out of the work intervals they cross."""
+    count = len(work.start)
+    for a, b, _ in overlays:
+        i = bisect.bisect_right(work.end, a)
+        while i < count and work.start[i] < b:
+            overlap = min(b, work.end[i]) - max(a, work.start[i])
+            if overlap > 0:
+                work.eff[i] = max(work.eff[i] - overlap, 0.0)
+            i += 1
+
+
 def _cut_cycle(
-    bases: list[Base],
+    timeline: Timeline,
     cycle: Cycle,
-    marks: list[tuple[float, int, bool]],
+    marks: list[tuple[float, int, int]],
     *,
     index: int,
     count: int,
     future: float,
 ) -> None:
-    """Append the base intervals of one cycle."""
+    """Append the base and work intervals of one cycle."""
+    bases, work = timeline.bases, timeline.work
     before = "startup" if index == 0 else "restart"
     failure = cycle.failure_time
     if failure is None and index + 1 < count:
         failure = marks[-1][0] if marks else cycle.start  # restarted with no failure recorded
     stop = cycle.end if failure is None else min(max(failure, cycle.start), cycle.end)
-    if not marks or marks[0][0] > stop:
+    times = [m[0] for m in marks]
+    k = bisect.bisect_right(times, stop)
+    if k == 0:
         bases.append(Base(cycle.start, stop, before))
     else:
-        first_time, first_step, is_load = marks[0]
-        bases.append(Base(cycle.start, first_time, before, implicit=not is_load))
-        if not is_load and first_step > future:
-            bases[-1].lost = 1
-        prev_time, prev_step = first_time, first_step
-        for when, step, _ in marks[1:]:
-            if when > stop:
-                break
-            steps = step - prev_step
-            if steps > 0:
-                lost = max(0, step - max(prev_step, future)) if future < step else 0
-                bases.append(Base(prev_time, when, "work", steps=steps, lost=int(lost)))
-            else:
-                bases.append(Base(prev_time, when, "idle"))
-            prev_time, prev_step = when, step
+        first_time, first_step, kind = marks[0]
+        implicit = kind != LOAD
+        lost_first = int(implicit and first_step > future)
+        bases.append(Base(cycle.start, first_time, before, implicit=implicit, lost=lost_first))
+        steps = [m[1] for m in marks[:k]]
+        times = times[:k]
+        n = list(map(operator.sub, steps[1:], steps[:-1]))
+        if n and min(n) > 0:  # steps only go up: the fast way
+            lost = _lost_steps(steps, n, future)
+            work.start.extend(times[:-1])
+            work.end.extend(times[1:])
+            work.eff.extend(map(operator.sub, times[1:], times[:-1]))
+            work.n.extend(n)
+            work.lost.extend(lost)
+        else:
+            for i, steps_done in enumerate(n):
+                if steps_done > 0:
+                    lost_i = steps[i + 1] - max(steps[i], future) if future < steps[i + 1] else 0
+                    work.add(times[i], times[i + 1], steps_done, int(lost_i))
+                else:
+                    bases.append(Base(times[i], times[i + 1], "idle"))
         # After the last mark: steps not sampled, redone if a later cycle restores from before.
-        tail = "lost" if failure is not None and future <= prev_step else "idle"
-        bases.append(Base(prev_time, stop, tail))
+        tail = "lost" if failure is not None and future <= steps[-1] else "idle"
+        bases.append(Base(times[-1], stop, tail))
     if stop < cycle.end:
         bases.append(Base(stop, cycle.end, "restart" if index + 1 < count else "idle"))
+
+
+def _lost_steps(steps: list[int], n: list[int], future: float) -> list[int]:
+    """Steps of each interval redone later (those above ``future``); ``steps`` only go up."""
+    if future >= steps[-1]:
+        return [0] * len(n)
+    first = max(bisect.bisect_right(steps, future) - 1, 0)
+    partial = int(steps[first + 1] - max(steps[first], future))
+    return [0] * first + [partial] + n[first + 1 :]
