@@ -38,8 +38,9 @@ class RunnerOptions:
         command: the launcher command; ``{node}`` in any argument becomes the node index.
         nodes: how many copies of the command to start (nodes of one job, on loopback).
         node_start_delay_s: the pause between starting two nodes (node 0 hosts the store).
-        restart_nodes_after_s: start a preempted or lost node's launcher again after this long,
-            as a scheduler would; None leaves it down.
+        restart_nodes_after_s: start a node's launcher again this long after it exited with a
+            non-zero code (a failure, a preemption, a lost node), as a scheduler would; None
+            leaves it down.
         grace_s: SIGKILL follows a preemption's SIGTERM after this long.
         slow_ratio: the stopped share of each duty cycle of a ``slow`` fault.
         slow_duration_s: how long a ``slow`` fault lasts.
@@ -137,6 +138,12 @@ class JobRunner:
             if code is not None and node not in self.exit_codes:
                 self.exit_codes[node] = code
                 logger.info("node %d: launcher exited with %d", node, code)
+                # A scheduler requeues a node that failed or was preempted, never one whose
+                # job finished (exit 0).
+                restart = self.options.restart_nodes_after_s
+                if code != 0 and restart is not None and node not in self._restart_at:
+                    self._restart_at[node] = now + restart
+                    logger.info("node %d: starting it again in %.0f s", node, restart)
         for node, when in list(self._restart_at.items()):
             if now >= when:
                 del self._restart_at[node]

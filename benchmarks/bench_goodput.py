@@ -1,0 +1,291 @@
+"""The goodput benchmark: one seeded fault schedule against two setups of the same Lightning job.
+
+    nox -s bench_goodput
+    python benchmarks/bench_goodput.py --results benchmarks/results [--duration 600] [--seed 1]
+
+A real CPU DDP job (2 nodes x 2 ranks on loopback, a small model with a fixed step time) runs
+under ``resiliency-simulate``'s runner twice, for the same wall-clock length, with the same fault
+plan, the same gloo timeout, the same step time and the same persistent checkpoint cadence:
+
+1. ``torchrun --max-restarts`` + Lightning with its standard ``ModelCheckpoint``;
+2. ``ft-launcher`` + resiliency's callbacks: heartbeats (hang detection), asynchronous verified
+   checkpoints and the agreed emergency checkpoint on preemption.
+
+Both write the same goodput ledger (setup 1 through a passive callback that only records), and
+``resiliency.goodput.compute`` reads both. The simulator plays the scheduler: a node whose
+launcher exits with a non-zero code (failed, preempted, lost) is started again after
+``--restart-after`` seconds. Prints one side-by-side table; writes ``DIR/bench_goodput.json``
+(each setup's ``name``, ``launcher`` and ``goodput_percent``, plus its breakdown and faults) and
+``DIR/bench_goodput.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from resiliency.goodput import CATEGORIES, Recorder, compute, read_ledger
+from resiliency.simulator import FaultPlan, JobRunner, RunnerOptions, outcomes, timeline_of
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "_goodput_job.py"
+SETUPS = {
+    "torchrun": "torchrun --max-restarts + Lightning ModelCheckpoint (torch.save)",
+    "toolkit": "ft-launcher + resiliency callbacks (heartbeats, async + emergency checkpoints)",
+}
+FT_FLAGS = [
+    "--monitor-interval",
+    "0.5",
+    "--ft-initial-rank-heartbeat-timeout",
+    "120",
+    "--ft-rank-heartbeat-timeout",
+    "10",
+    "--ft-stack-dump-timeout",
+    "1",
+    "--ft-termination-grace-period",
+    "2",
+    "--workers-stop-timeout",
+    "5",
+    "--term-timeout",
+    "30",
+    "--no-gpu-health-check",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _command(
+    setup: str, args: argparse.Namespace, ckpt: Path, ledger: Path, port: int
+) -> list[str]:
+    rdzv = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"bench-{setup}",
+        "--rdzv-conf",
+        "join_timeout=300,last_call_timeout=2",
+        "--max-restarts",
+        "1000",
+    ]
+    job = [
+        str(JOB),
+        "--setup",
+        setup,
+        "--ckpt-dir",
+        str(ckpt),
+        "--step-time",
+        str(args.step_time),
+        "--persistent-every",
+        str(args.persistent_every),
+        "--gloo-timeout",
+        str(args.gloo_timeout),
+    ]
+    if setup == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *rdzv, *job]
+    return [
+        sys.executable,
+        "-m",
+        "resiliency.launcher",
+        *rdzv,
+        *FT_FLAGS,
+        "--goodput-dir",
+        str(ledger),
+        *job,
+    ]
+
+
+def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Run one setup under the plan; return its row of results."""
+    ckpt, ledger = work / setup / "ckpt", work / setup / "ledger"
+    ckpt.mkdir(parents=True)
+    ledger.mkdir(parents=True)
+    job_id = f"bench-{setup}-{os.getpid()}"
+    env = {"RESILIENCY_JOB_ID": job_id, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if setup == "torchrun":
+        # torch's own fix for restarting a gloo group under torchrun (FIELD_NOTES, #135712).
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    scheduler = Recorder(ledger, job=job_id, node="scheduler")
+    log_path = work / f"{setup}.log"
+    print(f"[bench_goodput] {setup}: {len(plan)} faults over {args.duration:.0f} s; log {log_path}")
+    with log_path.open("w") as log:
+        runner = JobRunner(
+            RunnerOptions(
+                command=_command(setup, args, ckpt, ledger, _free_port()),
+                nodes=2,
+                node_start_delay_s=3.0,
+                restart_nodes_after_s=args.restart_after,
+                grace_s=30.0,
+                slow_ratio=0.5,
+                slow_duration_s=20.0,
+                ckpt_dir=ckpt,
+                goodput_dir=ledger,
+                env=env,
+                stdout=log,
+            )
+        )
+        scheduler.emit("job_scheduled")
+        scheduler.flush()
+        injections = runner.run(plan, args.duration)
+        scheduler.emit("job_ended", exit_code=0, reason=f"benchmark length {args.duration:.0f} s")
+        scheduler.close()
+    parsed = read_ledger([ledger])
+    report = compute(parsed, reference_step_time=args.step_time)
+    rows = outcomes(injections, timeline_of(parsed), runner.t0_wall)
+    whole = report.whole
+    return {
+        "setup": setup,
+        "name": SETUPS[setup],
+        "launcher": "torchrun" if setup == "torchrun" else "ft-launcher",
+        "goodput_percent": round(100.0 * whole.goodput, 2),
+        "total_s": round(whole.total, 1),
+        "seconds": {k: round(v, 1) for k, v in whole.seconds.items()},
+        "hang_detection_s": round(whole.hang_detection, 1),
+        "final_step": report.final_step,
+        "faults": [
+            {
+                "kind": r.kind,
+                "victim": r.victim,
+                "injected_s": r.injected_s,
+                "detected_s": r.detected_s,
+                "recovered_s": r.recovered_s,
+                "steps_lost": r.steps_lost,
+                "note": r.note,
+            }
+            for r in rows
+        ],
+        "warnings": report.warnings[:20],
+    }
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    names = [r["setup"] for r in results]
+    lines = [f"{'':28}" + "".join(f"{n:>16}" for n in names)]
+    lines.append(f"{'goodput':28}" + "".join(f"{r['goodput_percent']:>15.1f}%" for r in results))
+    for cat in CATEGORIES:
+        cells = "".join(
+            f"{r['seconds'][cat]:>10.1f} s {100 * r['seconds'][cat] / r['total_s']:>3.0f}%"
+            for r in results
+        )
+        lines.append(f"{cat:28}{cells}")
+    lines.append(
+        f"{'  of which hang detection':28}"
+        + "".join(f"{r['hang_detection_s']:>14.1f} s" for r in results)
+    )
+    lines.append(f"{'total':28}" + "".join(f"{r['total_s']:>14.1f} s" for r in results))
+    lines.append(f"{'final step':28}" + "".join(f"{r['final_step']!s:>16}" for r in results))
+    return "\n".join(lines)
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib  # noqa: PLC0415 - optional
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        print("[bench_goodput] matplotlib missing: no PNG")
+        return
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    colors = dict(zip(CATEGORIES, plt.get_cmap("tab10").colors, strict=False))
+    for y, r in enumerate(results):
+        left = 0.0
+        for cat in CATEGORIES:
+            share = 100 * r["seconds"][cat] / r["total_s"]
+            ax.barh(y, share, left=left, color=colors[cat], label=cat if y == 0 else None)
+            left += share
+    ax.set_yticks(
+        range(len(results)), [f"{r['setup']}\n{r['goodput_percent']:.0f} %" for r in results]
+    )
+    ax.set_xlabel("share of wall time (%)")
+    ax.set_xlim(0, 100)
+    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.set_title("Goodput under the same seeded faults")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=HERE / "results")
+    p.add_argument("--duration", type=float, default=600.0, help="wall seconds per setup")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mtbf", type=float, help="default: duration / 10")
+    p.add_argument("--keep-alive", type=float, default=25.0)
+    p.add_argument("--faults", default="kill,stop,slow,preempt,node_loss")
+    p.add_argument("--step-time", type=float, default=0.2)
+    p.add_argument("--persistent-every", type=int, default=50)
+    p.add_argument("--gloo-timeout", type=float, default=60.0)
+    p.add_argument("--restart-after", type=float, default=5.0)
+    p.add_argument("--setups", default="torchrun,toolkit")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args()
+    mtbf = args.mtbf or args.duration / 10
+    plan = FaultPlan.from_seed(
+        args.seed,
+        faults=args.faults.split(","),
+        mtbf=mtbf,
+        keep_alive=args.keep_alive,
+        duration=args.duration - 20,
+    )
+    print(f"[bench_goodput] plan (seed {args.seed}, MTBF {mtbf:.0f} s): {len(plan)} faults")
+    for fault in plan.faults:
+        print(f"  {fault.describe()}")
+    work = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
+    results = []
+    try:
+        for setup in args.setups.split(","):
+            t0 = time.monotonic()
+            results.append(run_setup(setup, plan, args, work))
+            print(f"[bench_goodput] {setup}: {time.monotonic() - t0:.0f} s wall")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(_table(results))
+    for r in results:
+        print(f"\n{r['setup']}: faults")
+        for i, f in enumerate(r["faults"], 1):
+            print(
+                f"  #{i} {f['kind']:<10} {f['victim']:<8} injected {f['injected_s']}  "
+                f"detected {f['detected_s']}  recovered {f['recovered_s']}  lost {f['steps_lost']}"
+            )
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / "bench_goodput.json"
+    out.write_text(
+        json.dumps(
+            {
+                "seed": args.seed,
+                "mtbf_s": mtbf,
+                "duration_s": args.duration,
+                "step_time_s": args.step_time,
+                "faults_planned": [f.kind for f in plan.faults],
+                "setups": results,
+            },
+            indent=2,
+        )
+    )
+    _plot(results, args.results / "bench_goodput.png")
+    print(f"[bench_goodput] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
