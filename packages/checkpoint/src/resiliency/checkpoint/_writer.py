@@ -4,7 +4,8 @@ A tiny module entry (never the user's main script): it imports torch and DCP onc
 own priority, says ``ready``, then serves ``save`` requests one at a time over the socket whose
 descriptor it was given. Each save writes this rank's share of a step with DCP's file-system
 writer from the shared staging arena, fsyncs the files and answers with the write results and
-the files' sizes and CRC-32s. It exits on ``exit`` or when the rank closes the socket.
+the files' sizes and CRC-32s. It exits on ``exit`` or when the rank closes the socket, and
+ignores the termination signals sent to the rank's process group.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -82,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     """Serve saves on the socket descriptor given as the only argument."""
     args = sys.argv[1:] if argv is None else argv
     fd = int(args[0])
+    # The writer shares the rank's process group, so a launcher's or scheduler's SIGTERM (a
+    # restart, a preemption) reaches it too. It must outlive that signal to finish the save the
+    # rank is waiting for (an emergency save above all); it ends when the rank closes the socket.
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(int(os.environ.get("RESILIENCY_CKPT_WRITER_NICE", "10")))
     logging.basicConfig(level=logging.WARNING, format="[ckpt-writer %(process)d] %(message)s")
