@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     report_s = statistics.median(report_runs)
     cpu_s = statistics.median(cpu_runs)
     step_us = statistics.median(step_runs)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(
         f"resiliency-goodput: ledger of {written:,} events ({size / 1e6:.0f} MB, "
         f"generated in {generated_s:.1f} s); goodput {100 * data['goodput']:.1f} %"
