@@ -1,10 +1,12 @@
 """A training loop stand-in for the supervisor tests (no collectives: each rank steps alone).
 
-Every step sleeps ``--step-s`` (times ``--slow-factor`` when ``SUPERVISOR_TEST_SLOW=1`` is in
-the environment), sends a heartbeat to its rank monitor, and every ``--report-s`` seconds writes
+Every step sleeps ``--step-s`` (times ``--slow-factor`` once ``<marker-dir>/inject-slow`` exists
+when ``SUPERVISOR_TEST_SLOW=1`` is in the environment), sends a heartbeat to its rank monitor, and every ``--report-s`` seconds writes
 a ``straggler_detected`` goodput event with its own score (expected / measured step time, kind
 ``individual``). Rank 0 records its steps. It writes ``start-<rank>-<pid>`` and
-``done-<rank>-<pid>`` markers.
+``done-<rank>-<pid>`` markers; it stops after ``--steps`` steps or once ``<marker-dir>/finish``
+exists; it writes``, and its progress in ``progress-<rank>`` (its "checkpoint":
+a rank restarted anywhere goes on from there).
 """
 
 from __future__ import annotations
@@ -29,18 +31,29 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     markers = Path(args.marker_dir)
     (markers / f"start-{rank}-{os.getpid()}").touch()
-    slow = os.environ.get("SUPERVISOR_TEST_SLOW") == "1"
+    # The fault: a node started with SUPERVISOR_TEST_SLOW=1 turns slow once the test creates
+    # <marker-dir>/inject-slow.
+    slow_node = os.environ.get("SUPERVISOR_TEST_SLOW") == "1"
+    inject = markers / "inject-slow"
     client = RankMonitorClient()
     client.init_workload_monitoring()
     rec = get_recorder()
-    step_s = args.step_s * (args.slow_factor if slow else 1.0)
     window_start, window_steps = time.monotonic(), 0
-    for step in range(args.steps):
+    # The "checkpoint": each rank's progress in the shared marker directory, so that a node
+    # that takes over a rank (a spare) goes on from where the rank was.
+    progress = markers / f"progress-{rank}"
+    first = int(progress.read_text() or 0) if progress.exists() else 0
+    finish = markers / "finish"  # the test ends training by creating it
+    for step in range(first, args.steps):
+        if finish.exists():
+            break
         client.start_section("step")
-        time.sleep(step_s)
+        slow = slow_node and inject.exists()
+        time.sleep(args.step_s * (args.slow_factor if slow else 1.0))
         client.end_section("step")
         client.send_heartbeat()
         rec.step(step)
+        progress.write_text(str(step + 1))
         window_steps += 1
         elapsed = time.monotonic() - window_start
         if elapsed >= args.report_s:

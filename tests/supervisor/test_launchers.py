@@ -1,0 +1,190 @@
+"""Real ft-launchers on loopback as nodes, a real controller, a real TCPStore (and etcd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from jobs import INTERVAL, Job, status_table
+from launcher_harness import worker_pids
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
+
+EXPECTED_METRICS = {
+    "resiliency_heartbeat_age_seconds",
+    "resiliency_open_section",
+    "resiliency_last_step",
+    "resiliency_restarts",  # the text format names the counter resiliency_restarts_total
+    "resiliency_hangs",
+    "resiliency_straggler_score",
+    "resiliency_checkpoint_age_seconds",
+}
+
+
+@pytest.fixture
+def job_factory(tmp_path: Path):
+    jobs: list[Job] = []
+
+    def make(*args, **kwargs) -> Job:
+        job = Job(tmp_path / f"job{len(jobs)}", *args, **kwargs)
+        jobs.append(job)
+        return job
+
+    (tmp_path / "job0").mkdir()
+    yield make
+    for job in jobs:
+        job.cleanup()
+
+
+def _scrape(port: int) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _wait_running(job: Job, nodes: list[str], timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    table = ""
+    while time.monotonic() < deadline:
+        table = status_table(job.url)
+        rows = [line for line in table.splitlines()[1:] if line.split()[1:2] == ["running"]]
+        if sorted(r.split()[0] for r in rows) == sorted(nodes):
+            return table
+        time.sleep(0.3)
+    raise AssertionError(f"nodes {nodes} not all running; status:\n{table}")
+
+
+def _slow_node_scenario(job: Job) -> None:
+    a = job.start_node("a")
+    controller = job.start_controller()
+    b = job.start_node("b", slow=True)
+    c = job.start_node("c")  # the spare: --nnodes 2:2, it waits in the rendezvous
+    _wait_running(job, ["a", "b"])
+    # The status CLI shows every node: a and b running, the spare c waiting.
+    deadline = time.monotonic() + 30
+    while True:
+        table = status_table(job.url)
+        rows = {line.split()[0]: line.split()[1] for line in table.splitlines()[1:]}
+        if rows.get("c") == "waiting" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert rows == {"a": "running", "b": "running", "c": "waiting"}, table
+
+    # The status endpoint during the run: valid Prometheus text with every metric.
+    port = job.status_port("a")
+    deadline = time.monotonic() + 60
+    while True:
+        metrics = _scrape(port)
+        if metrics.get("resiliency_straggler_score") and metrics.get("resiliency_last_step"):
+            break
+        assert time.monotonic() < deadline, f"no straggler score / step scraped: {metrics}"
+        time.sleep(0.3)
+    assert EXPECTED_METRICS <= set(metrics), sorted(metrics)
+    assert metrics["resiliency_heartbeat_age_seconds"][0].labels == {"rank": "0"}
+    assert metrics["resiliency_open_section"][0].labels["section"] == "step"
+
+    # Inject the fault: b's worker turns three times slower.
+    (job.markers / "inject-slow").touch()
+
+    # b is slow three reports in a row: excluded (exit 4), the spare joins, training goes on.
+    assert b.wait(90) == 4, b.log()
+    assert "supervisor (straggler): 3 straggler reports in a row below 0.7" in b.log()
+    match = controller.wait_for_log(r"supervisor decision: exclude node b \(policy straggler\)"
+                                    r".*; evidence: (\{.*\})", 10)  # fmt: skip
+    evidence = json.loads(match.group(1))
+    assert len(evidence["reports"]) == 3 and all(r["score"] < 0.7 for r in evidence["reports"])
+    # The spare joins a round of two and training goes on: rank 1 (now on c) makes progress.
+    c.wait_for_log("of 2, fresh worker store", 90)
+    left_at = job.progress(1)
+    _wait_for(lambda: job.progress(1) > left_at + 10, 90, "rank 1 made no progress on c")
+    job.finish()
+    assert a.wait(120) == 0, a.log()
+    assert c.wait(120) == 0, c.log()
+    done = sorted(p.name.rsplit("-", 1)[0] for p in job.markers.glob("done-*"))
+    assert done == ["done-0", "done-1"], done
+    (decision,) = [d for d in job.decisions() if d["node"] == "b"]
+    assert decision["action"] == "exclude" and decision["policy"] == "straggler"
+    assert decision["evidence"]["threshold"] == 0.7
+
+
+def test_slow_node_is_excluded_and_the_spare_joins(job_factory):
+    _slow_node_scenario(job_factory("2:2", "tcp"))
+
+
+def test_slow_node_is_excluded_and_the_spare_joins_on_etcd(job_factory, etcd_server):
+    _slow_node_scenario(job_factory("2:2", etcd_server.url(f"etcd-{os.getpid()}")))
+
+
+def test_uncorrectable_ecc_excludes_the_node_at_once(job_factory):
+    job = job_factory("1:2", "tcp")
+    a = job.start_node("a")
+    controller = job.start_controller()
+    b = job.start_node("b", ecc=True)
+    assert b.wait(90) == 4, b.log()
+    job.finish()
+    match = controller.wait_for_log(
+        r"supervisor decision: exclude node b \(policy gpu_health\): GPU 0: 2 uncorrectable ECC"
+        r"; evidence: (\{.*\})", 10
+    )  # fmt: skip
+    evidence = json.loads(match.group(1))
+    assert evidence["gpus"] == [{"gpu": 0, "ecc_uncorrectable": 2, "xid": []}]
+    assert len([d for d in job.decisions() if d["policy"] == "gpu_health"]) == 1  # at once, once
+    assert a.wait(120) == 0, a.log()
+
+
+@pytest.mark.parametrize("engine", ["tcp", "etcd"])
+def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(job_factory, engine, request):
+    url = "tcp"
+    if engine == "etcd":
+        url = request.getfixturevalue("etcd_server").url(f"kill-{os.getpid()}")
+    job = job_factory("1:2", url)
+    a = job.start_node("a")
+    controller = job.start_controller()
+    b = job.start_node("b")
+    _wait_running(job, ["a", "b"])
+    time.sleep(2 * INTERVAL)  # the controller has seen both running
+    # The node dies: its launcher, its monitors and its worker, all with SIGKILL.
+    b_workers = [pid for pid in worker_pids(job.markers) if f"start-1-{pid}" in
+                 {p.name for p in job.markers.glob("start-1-*")}]  # fmt: skip
+    killed_at = time.time()
+    os.killpg(b.proc.pid, signal.SIGKILL)
+    for pid in b_workers:
+        os.kill(pid, signal.SIGKILL)
+    match = controller.wait_for_log(
+        r"supervisor decision: restart node a \(policy node_lost\): node\(s\) b lost"
+        r".*; evidence: (\{.*\})", 30
+    )  # fmt: skip
+    evidence = json.loads(match.group(1))
+    decision = next(d for d in job.decisions() if d["policy"] == "node_lost")
+    seen_after = _iso(decision["time"]) - killed_at
+    print(f"{engine}: node loss seen {seen_after:.2f} s after SIGKILL (interval {INTERVAL} s, "
+          f"ttl {evidence['ttl_s']} s)")  # fmt: skip
+    # Expired after the ttl (2 intervals) past its last document, plus a controller cycle;
+    # etcd rounds a lease up to 2 s. Generous bound for a loaded machine.
+    assert evidence["ttl_s"] == 2 * INTERVAL
+    assert seen_after < 10 * max(2 * INTERVAL, 2.0)
+    a.wait_for_log("restarting the workers", 30)
+    a.wait_for_log("of 1, fresh worker store", 90)  # re-formed on the remaining node
+    before = job.progress(0)
+    _wait_for(lambda: job.progress(0) > before + 10, 90, "rank 0 made no progress after restart")
+    job.finish()
+    assert a.wait(120) == 0, a.log()
+
+
+def _wait_for(condition, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.2)
+
+
+def _iso(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
