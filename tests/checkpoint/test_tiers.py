@@ -5,6 +5,10 @@ Local every step (replicated to the other node), persistent every 5 steps.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiers_harness import Cluster
+from tiers_harness import Cluster, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -75,3 +79,57 @@ def test_node_killed_mid_replication_commits_nothing(tmp_path: Path) -> None:
     second = c.run(9)
     assert [second[r]["restored"] for r in (0, 1)] == [7, 7]
     assert second[0]["identical"] and second[1]["identical"]
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "checkpoint_tiers.py"
+
+
+def _run_example(tmp: Path, steps: int) -> str:
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "GROUP_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        argv = [
+            sys.executable, str(EXAMPLE),
+            "--local-ckpt-dir", str(tmp / f"local{rank}"),
+            "--local-ckpt-interval", "2",
+            "--persistent-ckpt-dir", f"file://{tmp / 'persistent'}",
+            "--persistent-ckpt-interval", "5",
+            "--steps", str(steps),
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=240)[0])
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(outputs)
+    return outputs[0]
+
+
+def test_example_with_google_flags_resumes_from_the_local_tier(tmp_path: Path) -> None:
+    first = _run_example(tmp_path, 8)
+    assert "starting from scratch" in first and "done at step 8" in first
+    assert sorted(p.name for p in (tmp_path / "persistent").glob("step_*")) == ["step_000000005"]
+    second = _run_example(tmp_path, 10)
+    assert "resumed from step 8" in second, second  # local step 8 is newer than persistent 5

@@ -135,3 +135,12 @@ class Cluster:
 
     def persistent_steps(self) -> list[int]:
         return sorted(int(p.name.split("_")[1]) for p in self.persistent.glob("step_*"))
+
+
+def kill_recorded(out: Path) -> None:
+    """SIGKILL every worker recorded by a ``pid-<rank>-<pid>`` marker (and its session)."""
+    for marker in out.glob("pid-*"):
+        pid = int(marker.name.rsplit("-", 1)[1])
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)

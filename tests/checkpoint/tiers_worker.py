@@ -32,8 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resiliency.checkpoint import AppState, CheckpointManager, LocalTier, PersistentTier
-from resiliency.checkpoint import _replicate
+from resiliency.checkpoint import AppState, CheckpointManager, LocalTier, PersistentTier, _replicate
 from resiliency.goodput import get_recorder
 
 
@@ -73,9 +72,11 @@ def main() -> int:
         stream=sys.stderr,
     )
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     (out / f"pid-{rank}-{os.getpid()}").touch()
+    (out / f"place-{args.tag}-a{attempt}-{Path(local_dir).name}-g{node}").touch()
     _replicate.CHUNK_BYTES = 64 << 10  # several chunks per shard: a kill lands mid-transfer
-    if args.kill_in_replication >= 0 and node == args.kill_node:
+    if args.kill_in_replication >= 0 and node == args.kill_node and attempt == 0:
         real_wait = _replicate._Link.wait
         rounds = {"n": 0}
 
@@ -90,7 +91,9 @@ def main() -> int:
         _replicate._Link.wait = wait  # type: ignore[method-assign]
 
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     app = AppState(model, opt, sampler={"position": 0})
     torch.manual_seed(100 + rank)
@@ -104,7 +107,12 @@ def main() -> int:
         ],
         writer_timeout_s=60,
     )
-    result: dict[str, Any] = {"rank": rank, "node": node, "local_dir": local_dir}
+    result: dict[str, Any] = {
+        "rank": rank,
+        "node": node,
+        "local_dir": local_dir,
+        "attempt": attempt,
+    }
     t0 = time.monotonic()
     restored = mgr.load({"app": app})
     result["restore_s"] = time.monotonic() - t0
