@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: An unacknowledged intent blocks another for the same node this long.
 PENDING_S = 30.0
+#: Actions a launcher is given once (until it is a new launcher process).
+_FINAL = ("exclude", "shutdown")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Controller:
         self._seen: dict[str, int] = {}
         self._host_seen: dict[str, int] = {}
         self._last: dict[str, NodeStatus] = {}
-        self._pending: dict[str, tuple[Intent, float]] = {}
+        self._pending: dict[str, tuple[Intent, float, int]] = {}
         self.decisions: list[Decision] = []
         self._stop = threading.Event()
 
@@ -140,8 +142,17 @@ class Controller:
     def _act(self, decision: Decision, obs: Observation) -> Intent | None:
         pending = self._pending.get(decision.node)
         view = obs.nodes.get(decision.node)
+        pid = view.status.pid if view is not None else 0
         if pending is not None:
-            previous, when = pending
+            previous, when, previous_pid = pending
+            if (
+                previous.action in _FINAL
+                and previous.action == decision.action
+                and pid == previous_pid
+            ):
+                # Told to leave or stop already: the same launcher is not told twice.
+                logger.debug("node %s: already told to %s", decision.node, previous.action)
+                return None
             acked = view is not None and view.status.intent_done >= previous.id
             if not acked and time.monotonic() - when < PENDING_S:
                 logger.info(
@@ -172,7 +183,7 @@ class Controller:
         if intent is None:
             logger.warning("node %s: another controller wrote its intent first", decision.node)
             return None
-        self._pending[decision.node] = (intent, time.monotonic())
+        self._pending[decision.node] = (intent, time.monotonic(), pid)
         return intent
 
     def _emit(self, decision: Decision) -> None:
