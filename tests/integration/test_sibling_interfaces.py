@@ -13,11 +13,17 @@ PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 # package source folder -> the siblings it may use
 INTERFACES = {
     "ft-launcher/src/resiliency/launcher": ("resiliency.ft", "resiliency.supervisor"),
-    "ptl-resiliency/src/resiliency/ptl": ("resiliency.ft", "resiliency.straggler"),
+    "ptl-resiliency/src/resiliency/ptl": (
+        "resiliency.checkpoint",
+        "resiliency.ft",
+        "resiliency.goodput",
+        "resiliency.straggler",
+    ),
     "straggler-cupti/src/resiliency/straggler_cupti": ("resiliency.straggler",),
     "supervisor/src/resiliency/supervisor": ("resiliency.goodput",),
 }
 ALL_MODULES = (
+    "resiliency.checkpoint",
     "resiliency.ft",
     "resiliency.goodput",
     "resiliency.launcher",

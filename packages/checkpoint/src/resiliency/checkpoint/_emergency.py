@@ -136,17 +136,7 @@ class EmergencyCheckpoint:
         warn_on_replace: bool = True,
         exit_fn: Callable[[int], Any] = sys.exit,
     ) -> None:
-        if max_drift < 0:
-            raise ValueError(f"max_drift must be >= 0, got {max_drift}")
-        if check_every is None:
-            check_every = lead - max_drift
-        if check_every < 1 or lead < check_every + max_drift:
-            raise ValueError(
-                f"lead={lead} is too small: the stop step must stay ahead of every rank, which "
-                f"needs lead >= check_every + max_drift (check_every={check_every}, "
-                f"max_drift={max_drift}, check_every >= 1); use lead >= "
-                f"{max(check_every, 1) + max_drift}"
-            )
+        check_every = self.check_lead(lead, check_every, max_drift)
         self._signals = tuple(signal.Signals(s) for s in signals)
         if not self._signals:
             raise ValueError("EmergencyCheckpoint needs at least one signal")
@@ -175,6 +165,34 @@ class EmergencyCheckpoint:
         self._store_error_logged = False
         self._previous: dict[signal.Signals, Any] = {}
         self._install(warn_on_replace)
+
+    @staticmethod
+    def check_lead(lead: int, check_every: int | None = None, max_drift: int = 1) -> int:
+        """Check the rule ``lead >= check_every + max_drift``; return the check period.
+
+        Args:
+            lead: steps between the first rank noticing and the stop step.
+            check_every: store check period in steps (None: ``lead - max_drift``).
+            max_drift: steps one rank's loop can run ahead of another's.
+
+        Returns:
+            The check period.
+
+        Raises:
+            ValueError: the rule does not hold (the stop step could be behind a rank).
+        """
+        if max_drift < 0:
+            raise ValueError(f"max_drift must be >= 0, got {max_drift}")
+        if check_every is None:
+            check_every = lead - max_drift
+        if check_every < 1 or lead < check_every + max_drift:
+            raise ValueError(
+                f"lead={lead} is too small: the stop step must stay ahead of every rank, which "
+                f"needs lead >= check_every + max_drift (check_every={check_every}, "
+                f"max_drift={max_drift}, check_every >= 1); use lead >= "
+                f"{max(check_every, 1) + max_drift}"
+            )
+        return check_every
 
     # --- signals ---------------------------------------------------------------------------------
     @staticmethod

@@ -1,11 +1,17 @@
-"""resiliency.ptl: Lightning callbacks for hang detection, auto-resume and straggler detection.
+"""resiliency.ptl: Lightning callbacks for hang detection, auto-resume, straggler detection and
+checkpoints (asynchronous on every rank, and an agreed emergency save on preemption).
 
 The callbacks are thin adapters: hang detection lives in ``resiliency.ft`` (the rank monitor that
-``ft-launcher`` starts), straggler scoring in ``resiliency.straggler``. Works with ``lightning``
-and, where installed, ``pytorch_lightning``.
+``ft-launcher`` starts), straggler scoring in ``resiliency.straggler``, checkpoints in
+``resiliency.checkpoint``. Works with ``lightning`` and, where installed, ``pytorch_lightning``.
 """
 
 from resiliency.ptl.autoresume import FINISHED_FLAG_ENV
+from resiliency.ptl.checkpointing import (
+    CheckpointCallbackConfigError,
+    DistributedCheckpointCallback,
+)
+from resiliency.ptl.emergency import EmergencyCheckpointCallback
 from resiliency.ptl.errors import AutoResumeConfigError, LauncherRequiredError, PtlResiliencyError
 from resiliency.ptl.fault_tolerance import FaultToleranceCallback
 from resiliency.ptl.fault_tolerance_sections import (
@@ -27,6 +33,9 @@ __all__ = [
     "SECTION_SETUP",
     "SECTION_STEP",
     "AutoResumeConfigError",
+    "CheckpointCallbackConfigError",
+    "DistributedCheckpointCallback",
+    "EmergencyCheckpointCallback",
     "ExceptionHandlingPolicy",
     "FaultToleranceCallback",
     "FaultToleranceSectionsCallback",
