@@ -8,6 +8,10 @@ resumes from the checkpoint after a restart, and creates the finished flag at th
         --ft-initial-rank-heartbeat-timeout 60 --ft-rank-heartbeat-timeout 5 \\
         examples/train_ddp_heartbeats.py --ckpt-dir /tmp/ckpt
 
+With ``--goodput-dir DIR`` the launcher records the job's cycles and hangs, and this script adds
+its steps and checkpoints (``recorder.step(n)``, two ``emit`` calls): ``resiliency-goodput report
+DIR`` then says where the time went.
+
 Inject a hang: ``--hang-rank 1 --hang-step 8`` (rank 1 stops at step 8, only on the first attempt,
 i.e. while TORCHELASTIC_RESTART_COUNT is 0). ``--crash-rank``/``--crash-step`` kill a rank instead.
 """
@@ -27,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from resiliency.ft import RankMonitorClient
+from resiliency.goodput import get_recorder
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,6 +71,7 @@ def main() -> int:
     client.init_workload_monitoring()
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    recorder = get_recorder()  # a no-op unless the launcher got --goodput-dir
 
     torch.manual_seed(0)
     model = nn.Linear(16, 1)
@@ -74,14 +80,21 @@ def main() -> int:
     ckpt_path = args.ckpt_dir / "ckpt.pt"
     start = 0
     if ckpt_path.exists():
+        began = time.monotonic()
         state = torch.load(ckpt_path, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         client.load_state_dict(state["ft"])
         start = int(state["step"])
+        if rank == 0:
+            took, size = time.monotonic() - began, ckpt_path.stat().st_size
+            recorder.emit(
+                "checkpoint_loaded", step=start, tier="persistent", bytes=size, duration_s=took
+            )
         print(f"rank {rank}: attempt {attempt} resumes at step {start}", flush=True)
 
     def save(step: int) -> None:
+        began = time.monotonic()
         if rank == 0:
             args.ckpt_dir.mkdir(parents=True, exist_ok=True)
             state = {
@@ -94,6 +107,16 @@ def main() -> int:
             torch.save(state, tmp)
             os.replace(tmp, ckpt_path)
         dist.barrier()
+        if rank == 0:
+            took, size = time.monotonic() - began, ckpt_path.stat().st_size
+            recorder.emit(
+                "checkpoint_saved",
+                step=step,
+                tier="persistent",
+                bytes=size,
+                blocked_s=took,
+                total_s=took,
+            )
 
     loss = torch.tensor(0.0)
     for step in range(start, args.steps):
@@ -115,6 +138,7 @@ def main() -> int:
             os._exit(13)
         time.sleep(args.step_time)
         client.send_heartbeat()
+        recorder.step(step + 1)
         if args.calc_timeouts_after and step + 1 == args.calc_timeouts_after:
             client.calculate_and_set_hb_timeouts()
         if (step + 1) % args.ckpt_every == 0:

@@ -12,7 +12,11 @@ PACKAGES = Path(__file__).resolve().parents[2] / "packages"
 
 # package source folder -> the siblings it may use
 INTERFACES = {
-    "ft-launcher/src/resiliency/launcher": ("resiliency.ft", "resiliency.supervisor"),
+    "ft-launcher/src/resiliency/launcher": (
+        "resiliency.ft",
+        "resiliency.goodput",
+        "resiliency.supervisor",
+    ),
     "ptl-resiliency/src/resiliency/ptl": (
         "resiliency.checkpoint",
         "resiliency.ft",
@@ -67,7 +71,13 @@ def test_only_public_sibling_names_are_used(folder: str) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["resiliency.ft", "resiliency.straggler", "resiliency.launcher", "resiliency.supervisor"],
+    [
+        "resiliency.ft",
+        "resiliency.goodput",
+        "resiliency.straggler",
+        "resiliency.launcher",
+        "resiliency.supervisor",
+    ],
 )
 def test_every_exported_name_exists(module: str) -> None:
     mod = importlib.import_module(module)

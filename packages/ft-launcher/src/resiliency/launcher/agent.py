@@ -25,6 +25,7 @@ from resiliency.ft import FaultToleranceConfig, MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent
 from resiliency.launcher.diagnosis import HangDiagnosis
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import HealthCheck, run_health_checks
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
@@ -133,6 +134,7 @@ class FtElasticAgent(CompatAgent):
         self.attempt_causes: list[str] = []
         self._next_health_check = 0.0
         self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
+        self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
 
     def _new_cycle(self) -> _Cycle:
         return _Cycle(HangDiagnosis(self._monitors, self._settings.ft_cfg.stack_dump_timeout))
@@ -173,6 +175,7 @@ class FtElasticAgent(CompatAgent):
         pids: dict[int, Any] = super()._start_workers(worker_group)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
         self._cycle = self._new_cycle()
+        self.goodput.cycle_started()
         for local_rank, pid in pids.items():
             rank = worker_group.workers[local_rank].global_rank
             self._worker_pgids.add(int(pid))
@@ -295,6 +298,7 @@ class FtElasticAgent(CompatAgent):
         )
         logger.error("%s; its monitor terminated it", cause)
         self.hangs_detected += 1
+        self.goodput.hang_detected(event.rank, event.timer, event.elapsed, event.limit)
         self._cycle.causes.append(cause)
         first = self._cycle.diagnosis.add_hang(local_rank, event)
         if first and self._settings.ft_cfg.enable_stack_dump:
@@ -429,6 +433,7 @@ class FtElasticAgent(CompatAgent):
     def _end_cycle(self, local: LocalState) -> None:
         """Close the books on this attempt: verdict, root cause, tell the other nodes."""
         self._collect_verdict()
+        self.goodput.cycle_ended()
         if local is LocalState.FAILED:
             self.attempt_causes.append(self._cycle_summary())
             if self._shared is not None and not self._published_failure:

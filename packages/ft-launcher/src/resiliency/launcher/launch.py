@@ -21,6 +21,7 @@ from resiliency.ft import FaultToleranceConfig
 from resiliency.launcher._torch_compat import make_worker_spec
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import (
     CallableHealthCheck,
     CommandHealthCheck,
@@ -109,6 +110,8 @@ def launch(
     """
     _install_signal_handlers(args.signals_to_handle, _raise_signal_exception)
     _prepare_rendezvous(args)
+    goodput = GoodputEvents.from_args(args)  # --goodput-dir: job, cycle and hang events
+    goodput.job_started()
     # Workers get a fresh store per round from FreshStoreRendezvousHandler; this also keeps the
     # dynamic rendezvous from starting a shared store server nobody uses.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -164,6 +167,7 @@ def launch(
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=term_timeout,
     )
+    agent.goodput = goodput
     logger.info(
         "ft-launcher: %d worker(s) on this node, nnodes %d:%d, rendezvous %s at %s, "
         "restart policy %s, max restarts %d, monitor sockets in %s",
@@ -205,6 +209,7 @@ def launch(
     if outcome.exit_code != ExitCode.PREEMPTED and (detail := is_preempted(preemption, agent)):
         outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. after a forwarded SIGTERM
     _report(agent, outcome, options.exit_status_file, preemption.status_fields())
+    goodput.job_ended(int(outcome.exit_code), outcome.reason)
     clean_up(preemption)
     return int(outcome.exit_code)
 

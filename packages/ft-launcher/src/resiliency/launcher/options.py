@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         "environment); the training script creates it when training is complete.",
     )
     group.add_argument(
+        "--goodput-dir",
+        dest="goodput_dir",
+        default=None,
+        metavar="DIR",
+        help="Write goodput events (job, cycles, hangs) to this node's ledger file in DIR, a "
+        "directory shared by the job, and set RESILIENCY_GOODPUT_DIR for the workers "
+        "(default: RESILIENCY_GOODPUT_DIR, else none). See resiliency-goodput report.",
+    )
+    group.add_argument(
         "--exit-status-file",
         dest="exit_status_file",
         default=None,

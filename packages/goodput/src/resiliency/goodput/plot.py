@@ -91,7 +91,8 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
     def x(t: float) -> float:
         return (t - t0) / unit
 
-    nodes = sorted({ev.node for ev in ledger.events} or {"0"})
+    # One lane per node: per ledger file (the launcher and the ranks of a node share one).
+    nodes = sorted({ev.source for ev in ledger.events} or {""})
     lane = {node: i + 1 for i, node in enumerate(nodes)}
     fig, (ax_lanes, ax_rate, ax_bar) = plt.subplots(
         3,
@@ -123,7 +124,7 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
         return name
 
     for ev in ledger.events:
-        y = lane.get(ev.node, 1)
+        y = lane.get(ev.source, 1)
         if ev.event == "checkpoint_loaded" and not ev.data.get("synthetic"):
             start = ev.time - float(ev.data["duration_s"])
             ax_lanes.barh(
@@ -165,7 +166,8 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
             )
         elif ev.event == "straggler_detected":
             ax_lanes.plot(x(ev.time), y + 0.3, "v", color="#8c564b", label=label("straggler"))
-    ax_lanes.set_yticks(range(len(nodes) + 1), ["time use", *(f"node {n}" for n in nodes)])
+    names = [Path(n).stem.split(".", 1)[-1] for n in nodes]  # <job>.<host>.jsonl -> host
+    ax_lanes.set_yticks(range(len(nodes) + 1), ["time use", *(f"node {n}" for n in names)])
     ax_lanes.set_ylim(-0.7, len(nodes) + 0.8)
     ax_lanes.set_title(
         f"Goodput {100 * whole.goodput:.1f} % over {whole.total / unit:.4g} {unit_name}"
