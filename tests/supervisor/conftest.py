@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,8 +115,6 @@ def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state.write_text('{"count": 1}')
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_nvml"))
     monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    import sys
-
     sys.modules.pop("pynvml", None)
     yield state
     sys.modules.pop("pynvml", None)

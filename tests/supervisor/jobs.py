@@ -18,7 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
 
-from launcher_harness import FAST_FT_FLAGS, REPO, Launcher, free_port, kill_leftovers  # noqa: E402
+from launcher_harness import FAST_FT_FLAGS, REPO, Launcher, free_port, kill_leftovers
+
+from resiliency.supervisor.cli import main as supervisor_main
 
 TRAIN = Path(__file__).parent / "workers" / "train.py"
 FAKE_NVML = Path(__file__).parent / "fake_nvml"
@@ -154,9 +156,7 @@ class Job:
 
 def status_table(url: str) -> str:
     """``resiliency-supervisor status URL`` (run in this process: no torch import per call)."""
-    from resiliency.supervisor.cli import main
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["status", url]) == 0
+        assert supervisor_main(["status", url]) == 0
     return out.getvalue()

@@ -7,7 +7,12 @@ import time
 
 import pytest
 
-from resiliency.supervisor import BackendError, backend_from_url, parse_backend_url
+from resiliency.supervisor import (
+    BackendError,
+    BackendUnavailableError,
+    backend_from_url,
+    parse_backend_url,
+)
 
 
 def test_url_parsing():
@@ -101,7 +106,5 @@ def test_steady_state_is_one_write_per_publication(backend_url: str):
 
 
 def test_unreachable_backend_is_a_clear_error():
-    from resiliency.supervisor import BackendUnavailableError
-
     with pytest.raises(BackendUnavailableError, match="cannot reach"):
         backend_from_url("etcd://127.0.0.1:1/x", timeout=1)

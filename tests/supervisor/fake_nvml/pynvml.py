@@ -25,7 +25,7 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_Timeout(NVMLError):
     pass
 
 

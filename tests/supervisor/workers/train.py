@@ -1,12 +1,13 @@
 """A training loop stand-in for the supervisor tests (no collectives: each rank steps alone).
 
-Every step sleeps ``--step-s`` (times ``--slow-factor`` once ``<marker-dir>/inject-slow`` exists
-when ``SUPERVISOR_TEST_SLOW=1`` is in the environment), sends a heartbeat to its rank monitor, and every ``--report-s`` seconds writes
+Every step sleeps ``--step-s`` and sends a heartbeat to its rank monitor; on a node started with
+``SUPERVISOR_TEST_SLOW=1`` it sleeps ``--slow-factor`` times longer once
+``<marker-dir>/inject-slow`` exists (the injected fault). Every ``--report-s`` seconds it writes
 a ``straggler_detected`` goodput event with its own score (expected / measured step time, kind
-``individual``). Rank 0 records its steps. It writes ``start-<rank>-<pid>`` and
-``done-<rank>-<pid>`` markers; it stops after ``--steps`` steps or once ``<marker-dir>/finish``
-exists; it writes``, and its progress in ``progress-<rank>`` (its "checkpoint":
-a rank restarted anywhere goes on from there).
+``individual``); rank 0 records its steps. It keeps its progress in ``progress-<rank>`` (its
+"checkpoint": a rank restarted anywhere goes on from there), stops after ``--steps`` steps or
+once ``<marker-dir>/finish`` exists, and writes ``start-<rank>-<pid>`` and ``done-<rank>-<pid>``
+markers.
 """
 
 from __future__ import annotations

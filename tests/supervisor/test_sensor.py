@@ -1,0 +1,149 @@
+"""The sensor, the GPU watchdogs (fake pynvml), the controller, the status endpoint and CLI,
+in one process against the real backends."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from resiliency.goodput import Recorder
+from resiliency.supervisor import (
+    Controller,
+    GpuHealthPolicy,
+    GpuWatch,
+    NodeSensor,
+    NodeStatus,
+    RankStatus,
+    StragglerPolicy,
+    SupervisorError,
+    backend_from_url,
+    keys_for,
+    start_status_server,
+    write_intent,
+)
+from resiliency.supervisor.cli import main as supervisor_main
+
+
+def probe(state: str = "running", **extra):
+    return lambda: {"state": state, "ranks": {0: RankStatus(0.25, "step")}, "restarts": 1,
+                    "hangs": {"heartbeat": 2}, **extra}  # fmt: skip
+
+
+def test_a_document_roundtrips_and_bad_ones_are_refused():
+    doc = NodeStatus("n", 3, time.time(), 1.0, "running", ranks={4: RankStatus(0.5, "fwd")},
+                     straggler={4: {"gpu": 0.5}})  # fmt: skip
+    assert NodeStatus.from_json(doc.to_json()) == doc
+    for bad in (b"[]", b'{"v": 99}', b"{", json.dumps({**json.loads(doc.to_json()),
+                                                        "state": "zombie"}).encode()):  # fmt: skip
+        with pytest.raises(SupervisorError):
+            NodeStatus.from_json(bad)
+
+
+def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_url: str):
+    backend = backend_from_url(backend_url)
+    got = []
+    sensor = NodeSensor(backend, "n1", probe(), interval=0.3, gpu=False, ledger_dir="",
+                        on_intent=got.append)  # fmt: skip
+    sensor.start()
+    time.sleep(1.0)
+    controller_side = backend_from_url(backend_url)
+    intent = write_intent(controller_side, "n1", "restart", "test", "because", {"x": 1})
+    assert intent is not None and intent.id == 1
+    deadline = time.monotonic() + 10
+    while not got:
+        assert time.monotonic() < deadline, "the intent did not reach the sensor"
+        time.sleep(0.05)
+    assert got[0].action == "restart" and got[0].evidence == {"x": 1}
+    before, seq0 = dict(backend.ops), sensor.latest.seq
+    time.sleep(1.5)
+    sensor.stop(final=False)
+    writes = {op: n - before.get(op, 0) for op, n in backend.ops.items()
+              if op in ("set", "put", "append")}  # fmt: skip
+    published = sensor.latest.seq - seq0
+    assert published >= 2
+    assert sum(writes.values()) <= published + 1, (writes, published)  # one write per document
+    doc = NodeStatus.from_json(controller_side.get(keys_for(backend.namespace).node("n1")))
+    assert doc.state == "running" and doc.ranks[0].section == "step" and doc.intent_done == 1
+    backend.close()
+    controller_side.close()
+
+
+def test_gpu_watch_reads_ecc_xid_and_throttle(fake_nvml: Path):
+    fake_nvml.write_text(json.dumps({"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]},
+                                     "throttle": {"0": 0x40 | 0x4}}))  # fmt: skip
+    watch = GpuWatch()
+    assert watch.available
+    d0, d1 = watch.sample()
+    assert (d0.xid, sorted(d0.throttle), d1.ecc_uncorrectable) == ([79], ["hw_thermal", "power"], 3)
+    watch.close()
+
+
+def test_gpu_watch_is_skipped_cleanly_without_a_driver(fake_nvml: Path):
+    fake_nvml.write_text(json.dumps({"no_driver": True}))
+    watch = GpuWatch()
+    assert not watch.available and watch.sample() == []
+    assert "NVML not available" in (watch.note or "")
+
+
+def test_uncorrectable_ecc_excludes_the_node_at_once(backend_url: str, fake_nvml: Path, tmp_path):
+    fake_nvml.write_text(json.dumps({"count": 1, "ecc": {"0": 1}}))
+    backend = backend_from_url(backend_url)
+    sensor = NodeSensor(backend, "bad", probe(), interval=0.5, gpu=GpuWatch(), ledger_dir="")
+    rec = Recorder(tmp_path, job="j")
+    controller = Controller(backend, [GpuHealthPolicy(), StragglerPolicy()], recorder=rec)
+    sensor.publish_once()
+    stats = controller.cycle()
+    assert [(d.node, d.action, d.policy) for d in stats.decisions] == [
+        ("bad", "exclude", "gpu_health")
+    ]
+    assert stats.intents[0].evidence["gpus"][0]["ecc_uncorrectable"] == 1
+    assert sensor.check_intent(timeout=5).action == "exclude"
+    sensor.publish_once()
+    assert controller.cycle().intents == []  # told once
+    rec.close()
+    lines = [json.loads(x) for p in tmp_path.glob("*.jsonl") for x in p.read_text().splitlines()]
+    (event,) = [e for e in lines if e["event"] == "supervisor_decision"]
+    assert event["policy"] == "gpu_health" and event["node"] == "bad"
+    backend.close()
+
+
+def test_status_endpoint_serves_prometheus_text():
+    latest = NodeStatus("n", 1, time.time(), 1.0, "running", ranks={3: RankStatus(0.5, "fwd")},
+                        step=42, restarts=2, hangs={"heartbeat": 1},
+                        straggler={3: {"individual": 0.8}}, checkpoint_age=12.5)  # fmt: skip
+    server = start_status_server(lambda: latest, 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        server.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    assert samples[("resiliency_heartbeat_age_seconds", (("rank", "3"),))] == 0.5
+    assert samples[("resiliency_open_section", (("rank", "3"), ("section", "fwd")))] == 1
+    assert samples[("resiliency_last_step", ())] == 42
+    assert samples[("resiliency_restarts_total", ())] == 2
+    assert samples[("resiliency_hangs_total", (("timer", "heartbeat"),))] == 1
+    assert samples[("resiliency_straggler_score", (("kind", "individual"), ("rank", "3")))] == 0.8
+    assert samples[("resiliency_checkpoint_age_seconds", ())] == 12.5
+
+
+def test_status_cli_prints_every_node_and_marks_stale_rows(backend_url: str, capsys):
+    backend = backend_from_url(backend_url)
+    keys = keys_for(backend.namespace)
+    fresh = NodeStatus("a", 5, time.time(), 1.0, "running", ranks={0: RankStatus(0.1, "step")})
+    stale = NodeStatus("b", 9, time.time() - 3.0, 1.0, "restarting")
+    backend.put(keys.node("a"), fresh.to_json(), ttl=30)
+    backend.put(keys.node("b"), stale.to_json(), ttl=30)
+    write_intent(backend, "b", "exclude", "straggler", "slow", {})
+    assert supervisor_main(["status", backend_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["NODE", "STATE"]
+    assert lines[1].startswith("a ") and "0:0.1s/step" in lines[1] and "STALE" not in lines[1]
+    assert lines[2].startswith("b (STALE)") and "exclude#1" in lines[2]
+    backend.close()
