@@ -137,6 +137,7 @@ def build_callbacks(args: argparse.Namespace, resuming: bool, **ft_kwargs: Any) 
                 gpu_relative_perf_threshold=0.75,
                 gpu_individual_perf_threshold=0.75,
                 stop_if_detected=args.stop_if_detected,
+                enable_ptl_logging=True,
             )
         )
     return callbacks

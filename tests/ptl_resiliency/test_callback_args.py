@@ -27,6 +27,7 @@ STRAGGLER_OK = {
     "gpu_relative_perf_threshold": 0.75,
     "gpu_individual_perf_threshold": 0.75,
     "stop_if_detected": False,
+    "enable_ptl_logging": True,
 }
 
 
@@ -63,8 +64,8 @@ def test_bad_simulated_fault_params(value: object, message: str) -> None:
     [
         ("report_time_interval", 0, "report_time_interval must be a positive"),
         ("report_time_interval", float("inf"), "report_time_interval must be a positive"),
-        ("num_gpu_perf_scores_to_log", -1, "num_gpu_perf_scores_to_log must be an int"),
-        ("num_gpu_perf_scores_to_log", 2.5, "num_gpu_perf_scores_to_log must be an int"),
+        ("num_gpu_perf_scores_to_log", -1, "num_gpu_perf_scores_to_print must be an int"),
+        ("num_gpu_perf_scores_to_log", 2.5, "num_gpu_perf_scores_to_print must be an int"),
         ("gpu_relative_perf_threshold", 1.5, r"gpu_relative_perf_threshold must be in \[0, 1\]"),
         ("gpu_individual_perf_threshold", float("nan"), "gpu_individual_perf_threshold must be"),
     ],
@@ -91,7 +92,7 @@ def test_shutdown_on_policy() -> None:
     with pytest.raises(ValueError, match="at least one exception type"):
         shutdown_on()
     with pytest.raises(ValueError, match="must be callable"):
-        FaultToleranceSectionsCallback(False, False, exception_handling_policy=42)  # type: ignore[arg-type]
+        FaultToleranceSectionsCallback(False, False, exc_handling_policy=42)  # type: ignore[arg-type]
 
 
 def test_callbacks_fit_both_lightning_import_paths() -> None:

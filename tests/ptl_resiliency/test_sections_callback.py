@@ -68,7 +68,7 @@ def test_section_timeouts_calculated_persisted_and_used(
     jobs: Jobs, monitors: Monitors, tmp_path: Path
 ) -> None:
     work, flag = tmp_path / "run", tmp_path / "finished.flag"
-    state_file = work / "ft_state" / "_ft_state.json"
+    state_file = work / "ft_state" / "_ft_state_.json"  # NVIDIA's name for the sections variant
     cfg = {
         "rank_section_timeouts": {"setup": 600.0, "step": 600.0, "checkpointing": 600.0},
         # Generous: calculated timeouts must not fire on a busy 2-core CI machine.

@@ -73,6 +73,7 @@ def test_straggler_callback_single_process_reports_to_csv(tmp_path: Path) -> Non
         gpu_relative_perf_threshold=0.75,
         gpu_individual_perf_threshold=0.75,
         stop_if_detected=True,
+        enable_ptl_logging=True,
     )
     logger = CSVLogger(tmp_path, name="logs", version=0)
     trainer = _trainer(tmp_path, [cb], max_steps=30, logger=logger, log_every_n_steps=1)
@@ -115,6 +116,7 @@ def test_straggler_callback_with_pytorch_lightning_trainer(tmp_path: Path) -> No
         gpu_relative_perf_threshold=0.5,
         gpu_individual_perf_threshold=0.5,
         stop_if_detected=False,
+        enable_ptl_logging=True,
     )
     trainer = _trainer(tmp_path, [cb], trainer_cls=pl.Trainer, max_steps=12)
     trainer.fit(PlModel())

@@ -19,6 +19,8 @@ from resiliency.ptl.simulated_fault import SimulatedFaultParams, _FaultInjector
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+_FT_DIR_NAME = "ft_state"
+
 
 class _FaultToleranceBase(CallbackBase):
     """Connects in ``setup`` (fit only), persists calculated timeouts, writes the finished flag.
@@ -26,6 +28,13 @@ class _FaultToleranceBase(CallbackBase):
     Subclasses decide what progress means (heartbeats or sections) by overriding the ``_progress_*``
     methods and :meth:`_calculate_timeouts`.
     """
+
+    #: The state file's name in ``exp_dir`` (NVIDIA's resiliency extension's attribute names).
+    TIMEOUTS_FILENAME = FT_STATE_FILE_NAME
+    #: Other names read when ``TIMEOUTS_FILENAME`` is absent (written by other versions).
+    _FALLBACK_TIMEOUTS_FILENAMES: tuple[str, ...] = ()
+    #: The state directory under ``trainer.log_dir`` when ``exp_dir`` is not given.
+    FT_DIR_NAME = _FT_DIR_NAME
 
     def __init__(
         self,
@@ -73,8 +82,8 @@ class _FaultToleranceBase(CallbackBase):
         state_dir = self.exp_dir
         if state_dir is None:
             # trainer.log_dir broadcasts from rank 0: every rank calls it here, in setup.
-            state_dir = Path(trainer.log_dir or ".") / "ft_state"
-        self._state_path = state_dir / FT_STATE_FILE_NAME
+            state_dir = Path(trainer.log_dir or ".") / self.FT_DIR_NAME
+        self._state_path = state_dir / self.TIMEOUTS_FILENAME
         self._loaded_checkpoint = False
         self._save_started = self._saved_checkpoint = self._calculated_once = False
         if not os.environ.get(IPC_SOCKET_ENV):
@@ -210,6 +219,12 @@ class _FaultToleranceBase(CallbackBase):
     def _load_timeouts(self) -> None:
         assert self._client is not None and self._state_path is not None
         state = read_ft_state(self._state_path)
+        for name in self._FALLBACK_TIMEOUTS_FILENAMES:
+            if state is not None:
+                break
+            state = read_ft_state(self._state_path.with_name(name))
+            if state is not None:
+                self._log.info("rank %d: read calculated timeouts from %s", self._rank, name)
         if state is None:
             self._log.info(
                 "rank %d: no calculated timeouts at %s yet; using the configured ones",

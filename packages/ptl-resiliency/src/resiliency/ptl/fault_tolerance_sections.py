@@ -14,6 +14,7 @@ from resiliency.ft import (
 )
 from resiliency.ptl._ft_base import _FaultToleranceBase
 from resiliency.ptl.autoresume import write_finished_flag
+from resiliency.ptl.ft_state import FT_SECTIONS_STATE_FILE_NAME, FT_STATE_FILE_NAME
 from resiliency.ptl.simulated_fault import SimulatedFaultParams
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def shutdown_on(*exception_types: type[BaseException]) -> ExceptionHandlingPolic
         *exception_types: Exceptions that a restart cannot fix (bad config, bad data, ...).
 
     Returns:
-        A policy for ``FaultToleranceSectionsCallback(exception_handling_policy=...)``.
+        A policy for ``FaultToleranceSectionsCallback(exc_handling_policy=...)``.
 
     Raises:
         ValueError: No exception type was given.
@@ -83,13 +84,23 @@ class FaultToleranceSectionsCallback(_FaultToleranceBase):
             inside the ``step`` section.
         exp_dir: Directory of the FT state file; default ``trainer.log_dir/ft_state``.
         logger_name: Name of the :mod:`logging` logger the callback reports to.
-        exception_handling_policy: Maps an exception raised in ``fit`` to a
+        exc_handling_policy: Maps an exception raised in ``fit`` to a
             ``WorkloadControlRequest`` sent to the launcher (e.g. ``ShutdownWorkload`` for an
-            error a restart cannot fix), or None. See :func:`shutdown_on`.
+            error a restart cannot fix), or None. See :func:`shutdown_on`. NVIDIA's resiliency
+            extension's name and position.
+        exception_handling_policy: The same, by the name earlier releases of this toolkit used
+            (keyword only; not both).
+
+    The state file is ``exp_dir/_ft_state_.json`` (NVIDIA's name for this callback); a
+    ``_ft_state.json`` left there by an earlier release is read when it is absent.
 
     Raises:
         ValueError: Invalid ``simulated_fault_params``, or a policy that is not callable.
+        TypeError: Both policy arguments are given.
     """
+
+    TIMEOUTS_FILENAME = FT_SECTIONS_STATE_FILE_NAME
+    _FALLBACK_TIMEOUTS_FILENAMES = (FT_STATE_FILE_NAME,)
 
     def __init__(  # noqa: PLR0917 (the signature users already write)
         self,
@@ -98,15 +109,29 @@ class FaultToleranceSectionsCallback(_FaultToleranceBase):
         simulated_fault_params: SimulatedFaultParams | Mapping[str, Any] | None = None,
         exp_dir: str | Path | None = None,
         logger_name: str = "nemo_logger.FaultToleranceSectionsCallback",
+        exc_handling_policy: ExceptionHandlingPolicy | None = None,
+        *,
         exception_handling_policy: ExceptionHandlingPolicy | None = None,
     ) -> None:
         super().__init__(
             autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name
         )
-        if exception_handling_policy is not None and not callable(exception_handling_policy):
-            raise ValueError("exception_handling_policy must be callable or None")
-        self.exception_handling_policy = exception_handling_policy
+        if exc_handling_policy is not None and exception_handling_policy is not None:
+            raise TypeError(
+                "give exc_handling_policy or exception_handling_policy (the same thing), not both"
+            )
+        policy = (
+            exc_handling_policy if exc_handling_policy is not None else exception_handling_policy
+        )
+        if policy is not None and not callable(policy):
+            raise ValueError("exc_handling_policy must be callable or None")
+        self.exc_handling_policy = policy
         self._open: set[str] = set()
+
+    @property
+    def exception_handling_policy(self) -> ExceptionHandlingPolicy | None:
+        """The same as :attr:`exc_handling_policy` (the name of earlier releases)."""
+        return self.exc_handling_policy
 
     def _start(self, name: str) -> None:
         if self._client is not None and name not in self._open:
@@ -202,7 +227,7 @@ class FaultToleranceSectionsCallback(_FaultToleranceBase):
     ) -> None:
         """Apply the exception policy: send its request to the launcher, maybe write the flag."""
         super().on_exception(trainer, pl_module, exception)
-        policy = self.exception_handling_policy
+        policy = self.exc_handling_policy
         if policy is None or self._client is None:
             return
         request = policy(exception)

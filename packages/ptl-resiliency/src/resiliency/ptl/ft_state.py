@@ -9,9 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FT_STATE_FILE_NAME", "read_ft_state", "write_ft_state"]
+__all__ = ["FT_SECTIONS_STATE_FILE_NAME", "FT_STATE_FILE_NAME", "read_ft_state", "write_ft_state"]
 
 FT_STATE_FILE_NAME = "_ft_state.json"
+"""State file of ``FaultToleranceCallback`` (the name NVIDIA's resiliency extension uses)."""
+
+FT_SECTIONS_STATE_FILE_NAME = "_ft_state_.json"
+"""State file of ``FaultToleranceSectionsCallback``: NVIDIA's resiliency extension names it with
+a trailing underscore; read and written under that name so a migrated job keeps its timeouts."""
 
 _log = logging.getLogger(__name__)
 

@@ -24,6 +24,14 @@ STRAGGLER_SECTION = "training_step"
 _METRIC_PREFIX = "straggler"
 
 
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+
 def _check_unit(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -44,39 +52,88 @@ class StragglerDetectionCallback(CallbackBase):
     every rank and hides the straggler.
 
     Every ``report_time_interval`` seconds (the same iteration on every rank) a report is
-    generated; rank 0 logs the best and worst scores and any stragglers, and sends the scores to
-    the Trainer's loggers as metrics (``straggler/<source>_<kind>_perf_...``). ``source`` is
-    ``gpu`` when GPU kernel scores exist, else ``training_step`` (the section's wall time: the
-    score on CPU-only machines).
+    generated; rank 0 logs the best and worst scores and any stragglers, and, with
+    ``enable_ptl_logging=True``, sends the scores to the Trainer's loggers as metrics: NVIDIA's
+    keys ``gpu_relative_perf/{min,median,max}`` and ``gpu_individual_perf/{min,median,max}``, and
+    this toolkit's ``straggler/<source>_<kind>_perf_...``. ``source`` is ``gpu`` when GPU kernel
+    scores exist, else ``training_step`` (the section's wall time: the score on CPU-only
+    machines, which NVIDIA's keys then carry too).
+
+    The signature is NVIDIA's resiliency extension's (same names, same order).
 
     Args:
         report_time_interval: Seconds between reports, > 0.
         calc_relative_gpu_perf: Compute relative scores (against the fastest rank).
         calc_individual_gpu_perf: Compute individual scores (against the rank's own best past).
-        num_gpu_perf_scores_to_log: How many best and how many worst ranks to log (and send as
-            per-rank metrics), >= 0.
+        num_gpu_perf_scores_to_print: How many best and how many worst ranks to log (and send as
+            per-rank metrics), >= 0. Also accepted by keyword as ``num_gpu_perf_scores_to_log``.
         gpu_relative_perf_threshold: A relative score below this flags a straggler, in [0, 1].
         gpu_individual_perf_threshold: An individual score below this flags a straggler, in [0, 1].
         stop_if_detected: When a straggler is found, save a checkpoint (where a ``ModelCheckpoint``
             exists) and stop training on every rank at the same step.
-        logger_name: Name of the :mod:`logging` logger the callback reports to.
+        enable_ptl_logging: Send the scores to the Trainer's loggers as metrics.
+        profiling_interval: Time every N-th training step (``Detector``'s profiling_interval).
+        logger_name: Name of the :mod:`logging` logger the callback reports to (keyword only).
+        num_gpu_perf_scores_to_log: The name some documentation uses for
+            ``num_gpu_perf_scores_to_print`` (keyword only; not both).
 
     Raises:
+        TypeError: A required argument is missing, given twice, or ``enable_ptl_logging`` is
+            not a bool (e.g. a logger name passed by position, where an earlier release of this
+            toolkit had ``logger_name``).
         ValueError: A value is out of range, or neither score kind is requested.
     """
 
-    def __init__(  # noqa: PLR0917 (the signature users already write)
+    def __init__(  # noqa: PLR0917 (NVIDIA's signature)
         self,
-        report_time_interval: float,
-        calc_relative_gpu_perf: bool,
-        calc_individual_gpu_perf: bool,
-        num_gpu_perf_scores_to_log: int,
-        gpu_relative_perf_threshold: float,
-        gpu_individual_perf_threshold: float,
-        stop_if_detected: bool,
+        report_time_interval: float = _REQUIRED,
+        calc_relative_gpu_perf: bool = _REQUIRED,
+        calc_individual_gpu_perf: bool = _REQUIRED,
+        num_gpu_perf_scores_to_print: int = _REQUIRED,
+        gpu_relative_perf_threshold: float = _REQUIRED,
+        gpu_individual_perf_threshold: float = _REQUIRED,
+        stop_if_detected: bool = _REQUIRED,
+        enable_ptl_logging: bool = _REQUIRED,
+        profiling_interval: int = 1,
+        *,
         logger_name: str = "nemo_logger.StragglerDetectionCallback",
+        num_gpu_perf_scores_to_log: int = _REQUIRED,
     ) -> None:
         super().__init__()
+        if num_gpu_perf_scores_to_log is not _REQUIRED:
+            if num_gpu_perf_scores_to_print is not _REQUIRED:
+                raise TypeError(
+                    "give num_gpu_perf_scores_to_print or num_gpu_perf_scores_to_log (the same "
+                    "thing), not both"
+                )
+            num_gpu_perf_scores_to_print = num_gpu_perf_scores_to_log
+        required = {
+            "report_time_interval": report_time_interval,
+            "calc_relative_gpu_perf": calc_relative_gpu_perf,
+            "calc_individual_gpu_perf": calc_individual_gpu_perf,
+            "num_gpu_perf_scores_to_print": num_gpu_perf_scores_to_print,
+            "gpu_relative_perf_threshold": gpu_relative_perf_threshold,
+            "gpu_individual_perf_threshold": gpu_individual_perf_threshold,
+            "stop_if_detected": stop_if_detected,
+            "enable_ptl_logging": enable_ptl_logging,
+        }
+        missing = [name for name, value in required.items() if value is _REQUIRED]
+        if missing:
+            raise TypeError(
+                f"StragglerDetectionCallback() missing required argument(s): {', '.join(missing)}"
+            )
+        if not isinstance(enable_ptl_logging, bool):
+            raise TypeError(
+                f"enable_ptl_logging must be a bool, got {enable_ptl_logging!r}; the 8th "
+                "positional argument is enable_ptl_logging (NVIDIA's order), and logger_name is "
+                "keyword only"
+            )
+        if (
+            isinstance(profiling_interval, bool)
+            or not isinstance(profiling_interval, int)
+            or profiling_interval < 1
+        ):
+            raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
         if (
             isinstance(report_time_interval, bool)
             or not isinstance(report_time_interval, (int, float))
@@ -92,18 +149,20 @@ class StragglerDetectionCallback(CallbackBase):
                 "nothing to compute: set calc_relative_gpu_perf and/or calc_individual_gpu_perf"
             )
         if (
-            isinstance(num_gpu_perf_scores_to_log, bool)
-            or not isinstance(num_gpu_perf_scores_to_log, int)
-            or num_gpu_perf_scores_to_log < 0
+            isinstance(num_gpu_perf_scores_to_print, bool)
+            or not isinstance(num_gpu_perf_scores_to_print, int)
+            or num_gpu_perf_scores_to_print < 0
         ):
             raise ValueError(
-                "num_gpu_perf_scores_to_log must be an int >= 0, "
-                f"got {num_gpu_perf_scores_to_log!r}"
+                "num_gpu_perf_scores_to_print must be an int >= 0, "
+                f"got {num_gpu_perf_scores_to_print!r}"
             )
         self.report_time_interval = float(report_time_interval)
         self.calc_relative_gpu_perf = bool(calc_relative_gpu_perf)
         self.calc_individual_gpu_perf = bool(calc_individual_gpu_perf)
-        self.num_gpu_perf_scores_to_log = num_gpu_perf_scores_to_log
+        self.num_gpu_perf_scores_to_print = num_gpu_perf_scores_to_print
+        self.enable_ptl_logging = enable_ptl_logging
+        self.profiling_interval = profiling_interval
         self.gpu_relative_perf_threshold = _check_unit(
             "gpu_relative_perf_threshold", gpu_relative_perf_threshold
         )
@@ -121,6 +180,11 @@ class StragglerDetectionCallback(CallbackBase):
         self.stopped_at_step: int | None = None
         """Global step at which training was stopped for a straggler, if it was."""
 
+    @property
+    def num_gpu_perf_scores_to_log(self) -> int:
+        """The same as :attr:`num_gpu_perf_scores_to_print`."""
+        return self.num_gpu_perf_scores_to_print
+
     # ---- Lightning hooks --------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -137,6 +201,7 @@ class StragglerDetectionCallback(CallbackBase):
         Detector.initialize(
             scores_to_compute=scores,
             gather_on_rank0=True,
+            profiling_interval=self.profiling_interval,
             report_time_interval=self.report_time_interval,
         )
         self._initialized = True
@@ -174,12 +239,14 @@ class StragglerDetectionCallback(CallbackBase):
     ) -> None:
         """Close the section if open; report when the interval elapsed (same step on all ranks)."""
         self._close_section()
-        if not self._initialized or not Detector.is_interval_elapsed():
+        if not self._initialized:
             return
-        report = Detector.generate_report()
+        report = Detector.generate_report_if_interval_elapsed()
+        if not Detector.is_interval_elapsed():  # no report in this call, on any rank
+            return
         self.last_report = report
         stop = False
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and report is not None:
             stop = self._handle_report(trainer, report)
         if self.stop_if_detected:
             # Rank 0 holds the gathered scores; every rank must stop at this same step.
@@ -225,7 +292,7 @@ class StragglerDetectionCallback(CallbackBase):
         }
         metrics: dict[str, float] = {}
         stragglers: dict[str, list[int]] = {}
-        k = self.num_gpu_perf_scores_to_log
+        k = self.num_gpu_perf_scores_to_print
         for kind, scores in by_kind.items():
             if not scores:
                 self._log.info("straggler report: no %s %s scores yet", source, kind)
@@ -246,6 +313,10 @@ class StragglerDetectionCallback(CallbackBase):
                     self._format(best, report),
                     self._format(worst, report),
                 )
+            values = list(scores.values())
+            metrics[f"gpu_{kind}_perf/min"] = min(values)  # NVIDIA's keys
+            metrics[f"gpu_{kind}_perf/median"] = statistics.median(values)
+            metrics[f"gpu_{kind}_perf/max"] = max(values)
             flagged = [rank for rank, score in ranked if score < thresholds[kind]]
             if flagged:
                 stragglers[kind] = flagged
@@ -260,8 +331,12 @@ class StragglerDetectionCallback(CallbackBase):
         metrics[f"{_METRIC_PREFIX}/num_stragglers"] = float(
             len({r for ranks in stragglers.values() for r in ranks})
         )
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        for kind in by_kind:  # NVIDIA logs NaN when there are no scores yet
+            for stat in ("min", "median", "max"):
+                metrics.setdefault(f"gpu_{kind}_perf/{stat}", math.nan)
+        if self.enable_ptl_logging:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         return bool(stragglers)
 
     @staticmethod
