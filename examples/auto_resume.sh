@@ -10,6 +10,7 @@
 #   0  workers exited 0 (or were stopped cleanly by a signal): run again unless the flag exists
 #   3  a rank asked for ShutdownWorkload: do not requeue, stop here
 #   4  this node was excluded (ExcludeThisNode, failed health check): stop here; requeue elsewhere
+#   5  preempted after an emergency checkpoint: run again (it resumes from that step), no failure
 #   *  a failure: counts against FT_MAX_FAILURES (default 3)
 # FT_MAX_RUNS (default 20) bounds the number of runs, so a script that never creates the flag
 # cannot loop forever. FT_LAUNCHER overrides the launcher command (default: ft-launcher).
@@ -36,6 +37,7 @@ while [ ! -e "$flag" ]; do
         0) ;;
         3) echo "auto_resume: ShutdownWorkload requested; not requeueing (exit 3)" >&2; exit 3 ;;
         4) echo "auto_resume: this node was excluded from the job (exit 4)" >&2; exit 4 ;;
+        5) echo "auto_resume: preempted after an emergency checkpoint; resuming (exit 5)" >&2 ;;
         *)
             failures=$((failures + 1))
             echo "auto_resume: ft-launcher failed with exit code ${rc}" >&2
