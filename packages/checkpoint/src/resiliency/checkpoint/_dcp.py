@@ -216,8 +216,9 @@ def result_from_json(d: dict[str, Any]) -> WriteResult:
 class _ChecksumStream(io.RawIOBase):
     """A file opened for writing that keeps a running CRC-32 of everything written."""
 
-    def __init__(self, raw: Any, sink: dict[str, int], name: str) -> None:
+    def __init__(self, raw: Any, sink: dict[str, int], name: str, errors: list[OSError]) -> None:
         super().__init__()
+        self._errors = errors
         self._raw = raw
         self._sink = sink
         self._name = name
@@ -229,7 +230,11 @@ class _ChecksumStream(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        n = self._raw.write(view)
+        try:
+            n = self._raw.write(view)
+        except OSError as exc:  # torch.save turns it into an obscure zip error: keep it
+            self._errors.append(exc)
+            raise
         self._crc = zlib.crc32(view[:n], self._crc)
         self._size += n
         return int(n)
@@ -238,7 +243,11 @@ class _ChecksumStream(io.RawIOBase):
         return int(self._raw.tell())
 
     def flush(self) -> None:
-        self._raw.flush()
+        try:
+            self._raw.flush()
+        except OSError as exc:
+            self._errors.append(exc)
+            raise
 
     def fileno(self) -> int:
         return int(self._raw.fileno())
@@ -257,6 +266,7 @@ class ChecksumFileSystem(FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.sums: dict[str, int] = {}
+        self.errors: list[OSError] = []
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -265,7 +275,7 @@ class ChecksumFileSystem(FileSystem):
                 yield stream
             return
         with open(path, mode) as raw:
-            stream = _ChecksumStream(raw, self.sums, Path(path).name)
+            stream = _ChecksumStream(raw, self.sums, Path(path).name, self.errors)
             try:
                 yield stream
             finally:
@@ -292,8 +302,12 @@ def write_files(
     writer.fs = fs
     plan = SavePlan([item for item, _ in items], storage_data=_StoragePrefix(prefix))
     planner = _ArenaPlanner({item.index: value for item, value in items})
-    future = writer.write_data(plan, planner)  # type: ignore[arg-type]
-    results = future.wait()
+    try:
+        results = writer.write_data(plan, planner).wait()  # type: ignore[arg-type]
+    except Exception as exc:
+        if fs.errors:  # the OS error (ENOSPC, EACCES...) is the cause worth reporting
+            raise fs.errors[0] from exc
+        raise
     files = {
         name: {"size": fs.sums[name + ":size"], "crc32": f"{crc:08x}"}
         for name, crc in fs.sums.items()

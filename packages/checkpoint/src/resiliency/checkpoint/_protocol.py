@@ -62,7 +62,10 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
             ready, _, _ = select.select([sock], [], [], min(left, 1.0))
             if not ready:
                 continue
-        chunk = sock.recv(min(n, 1 << 20))
+        try:
+            chunk = sock.recv(min(n, 1 << 20))
+        except ConnectionResetError:
+            chunk = b""
         if not chunk:
             raise PeerClosedError("the peer closed the connection")
         chunks.append(chunk)

@@ -11,6 +11,7 @@ import logging
 import secrets
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from .errors import (
 __all__ = ["CheckpointManager", "SaveHandle"]
 
 logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 120.0
 
 
 class SaveHandle:
@@ -192,6 +195,13 @@ class CheckpointManager:
         if self._inflight is not None:
             with contextlib.suppress(SaveFailedError):  # logged on every rank by _resolve
                 self._resolve(self._inflight, None)
+        # The writer is made ready (respawned if it died) before the planning collective, so
+        # every rank hands its part over at about the same time; a failure here still plans.
+        writer_error = ""
+        try:
+            self._ensure_writer()
+        except Exception as exc:
+            writer_error = f"rank {self.rank}: checkpoint writer unusable: {exc}"
         state_dict = _dcp.to_state_dict(state)
 
         def decide() -> dict[str, Any]:
@@ -225,7 +235,10 @@ class CheckpointManager:
         )
         _events.emit("checkpoint_save_started", step=step, tier=self.tier)
         try:
-            self._stage_and_send(save, plan)
+            if writer_error:
+                save.fail(WRITER_FAILED, writer_error)
+            else:
+                self._stage_and_send(save, plan)
         except (WriterDiedError, WriterHungError) as exc:
             save.fail(WRITER_FAILED, f"rank {self.rank}: checkpoint writer unusable: {exc}")
         except Exception as exc:
@@ -259,11 +272,19 @@ class CheckpointManager:
             self._writer = WriterProcess()
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
-        self._writer.wait_ready(time.monotonic() + self.writer_timeout_s)
+        # Start-up is imports only, but slow on a loaded node: not bounded by the save timeout.
+        try:
+            self._writer.wait_ready(
+                time.monotonic() + max(STARTUP_TIMEOUT_S, self.writer_timeout_s)
+            )
+        except Exception:
+            self._writer.kill()  # the next save starts a fresh one
+            raise
         return self._writer
 
     def _stage_and_send(self, save: Save, plan: _dcp.Plan) -> None:
-        writer = self._ensure_writer()
+        writer = self._writer
+        assert writer is not None
         items = plan.items()
         values = [plan.resolve(item) for item in items]
         slots, total = _staging.layout(values)
@@ -347,9 +368,15 @@ class CheckpointManager:
             return None
         path = _layout.step_dir(self.root, chosen)
         try:
-            dcp.load(
-                state, checkpoint_id=path, process_group=self._group, no_dist=self._group is None
-            )
+            with warnings.catch_warnings():
+                # One process is intended here; DCP's "assuming a single process" is noise.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(
+                    state,
+                    checkpoint_id=path,
+                    process_group=self._group,
+                    no_dist=self._group is None,
+                )
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(f"loading {path} failed: {exc}") from exc
         duration = time.monotonic() - t0

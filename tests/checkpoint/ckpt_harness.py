@@ -1,0 +1,71 @@
+"""Run a ckpt_worker.py scenario as a real 2-rank gloo job; kill every process by pid after."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+WORKER = Path(__file__).resolve().with_name("ckpt_worker.py")
+TIMEOUT_S = 180
+
+
+def run_scenario(
+    scenario: str,
+    tmp: Path,
+    *,
+    world: int = 2,
+    env: dict[str, str] | None = None,
+    tmpfs_mb: int | None = None,
+) -> tuple[dict[int, dict[str, Any]], str]:
+    """Run ``scenario``; return each rank's findings and all ranks' logs (asserts success)."""
+    root, out = tmp / "ckpt", tmp / "out"
+    root.mkdir(exist_ok=True)
+    out.mkdir(exist_ok=True)
+    argv = [sys.executable, str(WORKER), "group", str(world), str(root), scenario, str(out)]
+    if tmpfs_mb is not None:
+        # One private mount namespace for every rank: the tmpfs disappears with the job.
+        script = f'mount -t tmpfs -o size={tmpfs_mb}m tmpfs "$0" && exec "$@"'
+        argv = ["unshare", "--mount", "sh", "-c", script, str(root), *argv]
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        head, _ = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # writers or ranks left in the session
+    logs = head.decode(errors="replace") + "".join(
+        f"\n--- rank {r}\n" + (out / f"rank{r}.log").read_text(errors="replace")
+        for r in range(world)
+        if (out / f"rank{r}.log").exists()
+    )
+    assert proc.returncode == 0, f"scenario {scenario} failed ({proc.returncode}):\n{logs[-6000:]}"
+    results = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(world)}
+    return results, logs
+
+
+def can_mount_tmpfs(tmp: Path) -> bool:
+    """True when this user may mount a tmpfs in a private mount namespace."""
+    target = tmp / "probe"
+    target.mkdir(exist_ok=True)
+    probe = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs "{target}"'],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return probe.returncode == 0

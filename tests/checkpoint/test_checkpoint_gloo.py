@@ -1,0 +1,91 @@
+"""Real 2-rank DDP jobs over gloo: async save/restore, writer failures, corruption, disk full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("numpy")
+
+from ckpt_harness import can_mount_tmpfs, run_scenario
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def test_async_save_while_training_restores_bit_identical_state_per_rank(tmp_path: Path):
+    results, _ = run_scenario("train_resume", tmp_path)
+    for rank, r in results.items():
+        assert r["loaded"] == 5 and r["latest"] == 5 and r["done"], r
+        assert r["equal"] == dict.fromkeys(
+            ("params", "optim", "torch_rng", "python_rng", "numpy_rng"), True
+        ), (rank, r["equal"])
+        assert r["sampler"], r["sampler_value"]
+        # torch's own dcp.load reads the committed step without the manager (standard DCP)
+        assert r["plain_dcp_params"] and r["plain_dcp_optim"], r
+
+
+def test_killed_writer_is_reported_on_every_rank_and_the_next_save_works(tmp_path: Path):
+    results, logs = run_scenario("kill_writer", tmp_path)
+    victim = results[0]["victim"]
+    for r in results.values():
+        assert r["error"] and f"writer (pid {victim}) killed by SIGKILL" in r["error"], r
+        assert r["report_s"] < 30, r  # bounded: 30 s is 100x what it takes here
+        assert r["latest_after_failure"] == 1 and r["loaded"] == 1, r
+        assert r["latest_after_retry"] == 3, r
+    assert results[0]["new_writer"]
+    assert "starting a new one" in logs
+
+
+def test_hung_writer_is_killed_and_reported_on_every_rank(tmp_path: Path):
+    results, _ = run_scenario("hang_writer", tmp_path)
+    for r in results.values():
+        assert r["error"] and "hung: no answer within writer_timeout_s=3 s" in r["error"], r
+        assert r["report_s"] < 30, r
+        assert r["latest_after_retry"] == 3, r
+
+
+def test_damaged_steps_are_skipped_with_a_warning_naming_the_file(tmp_path: Path):
+    results, logs = run_scenario("corrupt", tmp_path)
+    for r in results.values():
+        assert r["loads"] == [3, 2, 1], r  # truncated 4, flipped 3, no manifest 2
+        assert r["all_bad"] and "verifies on every rank" in r["all_bad"], r
+    assert "step_000000004/__1_0.distcp: size" in logs
+    assert "step_000000003/__0_0.distcp: crc32" in logs
+    assert "step_000000002/manifest.json: missing" in logs
+    assert "failed verification on another rank" in logs  # the rank that checked the other file
+
+
+def _check_disk_full(results: dict) -> None:
+    for r in results.values():
+        assert r["error"] and "No space left on device" in r["error"], r
+        assert r["writer_failed"] is False, r
+        assert r["latest_after_failure"] == 1 and r["loaded"] == 1, r  # step 1 intact
+        assert r["steps"] == [1, 3], r  # training went on and saved again
+        assert r["leftovers"] == [], r  # the failed step's temporary files are gone
+
+
+def test_disk_full_via_dev_full_fails_loudly_and_training_goes_on(tmp_path: Path):
+    results, _ = run_scenario("disk_full", tmp_path)
+    _check_disk_full(results)
+
+
+def test_disk_full_on_a_small_tmpfs_fails_loudly_and_training_goes_on(tmp_path: Path):
+    if not can_mount_tmpfs(tmp_path):
+        pytest.skip("cannot mount a tmpfs here (needs root or user namespaces)")
+    results, _ = run_scenario(
+        "disk_full", tmp_path, tmpfs_mb=2, env={"CKPT_TEST_BIG": str(4 << 20)}
+    )
+    _check_disk_full(results)
+
+
+def test_retention_resave_and_one_save_in_flight(tmp_path: Path):
+    results, _ = run_scenario("retention_inflight", tmp_path)
+    for r in results.values():
+        assert r["steps"] == [4, 7, 8] and r["latest"] == 8, r  # keep_last=2 + keep_every=4
+        assert r["resave_done"] and r["steps_after_resave"] == [4, 7, 8], r
+        assert r["nine_committed_when_ten_returned"], r
+        assert r["second_save_s"] > 0.5, r  # waited for the stopped writer of step 9
+        assert r["final_steps"] == [4, 8, 9, 10], r
+    assert results[1]["first_done_at_return"] is False
