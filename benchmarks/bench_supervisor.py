@@ -75,14 +75,21 @@ class Server:
             peer = _free_port()
             argv = [
                 str(shutil.which("etcd")),
-                "--data-dir", str(work / f"etcd-{self.port}"),
-                "--listen-client-urls", f"http://127.0.0.1:{self.port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
-                "--log-level", "error",
-            ]  # fmt: skip
+                "--data-dir",
+                str(work / f"etcd-{self.port}"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{self.port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{self.port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
+                "--log-level",
+                "error",
+            ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while True:
@@ -108,21 +115,32 @@ class Server:
 
 def _doc(node: str, seq: int, interval: float) -> NodeStatus:
     return NodeStatus(
-        node=node, seq=seq, time=time.time(), interval=interval, state="running",
-        host=node, pid=1234, group_rank=0,
-        ranks={r: RankStatus(0.12, "step") for r in range(8)}, step=1000 + seq, restarts=1,
-        hangs={"heartbeat": 1}, straggler_seq=seq // 10,
+        node=node,
+        seq=seq,
+        time=time.time(),
+        interval=interval,
+        state="running",
+        host=node,
+        pid=1234,
+        group_rank=0,
+        ranks={r: RankStatus(0.12, "step") for r in range(8)},
+        step=1000 + seq,
+        restarts=1,
+        hangs={"heartbeat": 1},
+        straggler_seq=seq // 10,
         straggler={r: {"section": 0.98, "gpu_relative": 0.97} for r in range(8)},
-        gpu=[GpuDevice(i) for i in range(8)], checkpoint_age=30.0,
+        gpu=[GpuDevice(i) for i in range(8)],
+        checkpoint_age=30.0,
         failures=[{"attempt": 0, "cause": "hang:heartbeat"}],
-    )  # fmt: skip
+    )
 
 
 def steady_traffic(server: Server, interval: float, intervals: int) -> dict:
     """One real sensor: round trips per interval after the first document."""
     backend = backend_from_url(server.url("traffic"))
-    sensor = NodeSensor(backend, "n0", lambda: {"state": "running"}, interval=interval,
-                        gpu=False, ledger_dir="")  # fmt: skip
+    sensor = NodeSensor(
+        backend, "n0", lambda: {"state": "running"}, interval=interval, gpu=False, ledger_dir=""
+    )
     sensor.start()
     time.sleep(interval * 1.5)
     before, seq0 = dict(backend.ops), sensor.latest.seq if sensor.latest else 0
@@ -185,8 +203,12 @@ def reaction(server: Server, interval: float, repeats: int) -> dict:
 
 
 def _stats(xs: list[float]) -> dict:
-    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
-            "max": round(max(xs), 4), "n": len(xs)}  # fmt: skip
+    return {
+        "median": round(statistics.median(xs), 4),
+        "min": round(min(xs), 4),
+        "max": round(max(xs), 4),
+        "n": len(xs),
+    }
 
 
 def many_nodes(server: Server, nodes: int, interval: float, duration: float, conns: int) -> dict:
@@ -217,8 +239,9 @@ def many_nodes(server: Server, nodes: int, interval: float, duration: float, con
         backend.close()
 
     names = [f"node{i:04d}" for i in range(nodes)]
-    threads = [threading.Thread(target=sensors, args=(names[i::conns],), daemon=True)
-               for i in range(conns)]  # fmt: skip
+    threads = [
+        threading.Thread(target=sensors, args=(names[i::conns],), daemon=True) for i in range(conns)
+    ]
     for t in threads:
         t.start()
     time.sleep(interval * 1.5)  # every node has published once
@@ -258,7 +281,7 @@ def many_nodes(server: Server, nodes: int, interval: float, duration: float, con
         "put_latency_ms": {
             "p50": round(1000 * lat[len(lat) // 2], 2),
             "p99": round(1000 * lat[int(len(lat) * 0.99)], 2),
-        },  # fmt: skip
+        },
     }
 
 
@@ -287,8 +310,9 @@ def main() -> int:
                 print(f"[{engine}] steady state: {r['steady']}", flush=True)
                 r["reaction"] = reaction(server, args.react_interval, args.repeats)
                 print(f"[{engine}] reaction: {r['reaction']}", flush=True)
-                r["many"] = many_nodes(server, args.nodes, args.interval, args.duration,
-                                       args.connections)  # fmt: skip
+                r["many"] = many_nodes(
+                    server, args.nodes, args.interval, args.duration, args.connections
+                )
                 print(f"[{engine}] {args.nodes} nodes: {r['many']}", flush=True)
             finally:
                 server.stop()

@@ -39,18 +39,25 @@ class EtcdServer:
         self.proc = subprocess.Popen(
             [
                 str(ETCD),
-                "--data-dir", str(data_dir),
-                "--listen-client-urls", f"http://127.0.0.1:{self.port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
-                "--log-level", "warn",
+                "--data-dir",
+                str(data_dir),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{self.port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{self.port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
+                "--log-level",
+                "warn",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -45,10 +45,22 @@ class Controller:
         self.log_path = tmp / "controller.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in kill()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "resiliency.supervisor", "controller", url,
-             "--policy", str(policy), "--goodput-dir", str(goodput_dir)],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "resiliency.supervisor",
+                "controller",
+                url,
+                "--policy",
+                str(policy),
+                "--goodput-dir",
+                str(goodput_dir),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
 
     def log(self) -> str:
         self._log.flush()
@@ -97,19 +109,41 @@ class Job:
             env["FAKE_NVML_STATE"] = str(state)
             env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")])
         args = [
-            "--nnodes", self.nnodes, "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.rdzv_port}",
-            "--rdzv-id", self.job,
+            "--nnodes",
+            self.nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{self.rdzv_port}",
+            "--rdzv-id",
+            self.job,
             "--rdzv-conf",
             "join_timeout=90,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2",
-            "--local-addr", "127.0.0.1", "--max-restarts", "3",
-            "--restart-policy", "min-healthy",
+            "--local-addr",
+            "127.0.0.1",
+            "--max-restarts",
+            "3",
+            "--restart-policy",
+            "min-healthy",
             *FAST_FT_FLAGS,
-            "--supervisor", self.url, "--supervisor-interval", str(INTERVAL),
-            "--node-id", node, "--status-port", "0",
-            str(TRAIN), "--marker-dir", str(self.markers), "--steps", str(self.steps),
-            "--step-s", "0.05",
-        ]  # fmt: skip
+            "--supervisor",
+            self.url,
+            "--supervisor-interval",
+            str(INTERVAL),
+            "--node-id",
+            node,
+            "--status-port",
+            "0",
+            str(TRAIN),
+            "--marker-dir",
+            str(self.markers),
+            "--steps",
+            str(self.steps),
+            "--step-s",
+            "0.05",
+        ]
         launcher = Launcher(args, self.tmp / f"node-{node}.log", env=env)
         self.launchers[node] = launcher
         if len(self.launchers) == 1:

@@ -96,8 +96,11 @@ def _slow_node_scenario(job: Job) -> None:
     # b is slow three reports in a row: excluded (exit 4), the spare joins, training goes on.
     assert b.wait(90) == 4, b.log()
     assert "supervisor (straggler): 3 straggler reports in a row below 0.7" in b.log()
-    match = controller.wait_for_log(r"supervisor decision: exclude node b \(policy straggler\)"
-                                    r".*; evidence: (\{.*\})", 10)  # fmt: skip
+    match = controller.wait_for_log(
+        r"supervisor decision: exclude node b \(policy straggler\)"
+        r".*; evidence: (\{.*\})",
+        10,
+    )
     evidence = json.loads(match.group(1))
     assert len(evidence["reports"]) == 3 and all(r["score"] < 0.7 for r in evidence["reports"])
     # The spare joins a round of two and training goes on: rank 1 (now on c) makes progress.
@@ -131,8 +134,9 @@ def test_uncorrectable_ecc_excludes_the_node_at_once(job_factory):
     job.finish()
     match = controller.wait_for_log(
         r"supervisor decision: exclude node b \(policy gpu_health\): GPU 0: 2 uncorrectable ECC"
-        r"; evidence: (\{.*\})", 10
-    )  # fmt: skip
+        r"; evidence: (\{.*\})",
+        10,
+    )
     evidence = json.loads(match.group(1))
     assert evidence["gpus"] == [{"gpu": 0, "ecc_uncorrectable": 2, "xid": []}]
     assert len([d for d in job.decisions() if d["policy"] == "gpu_health"]) == 1  # at once, once
@@ -151,21 +155,27 @@ def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(job_factory,
     _wait_running(job, ["a", "b"])
     time.sleep(2 * INTERVAL)  # the controller has seen both running
     # The node dies: its launcher, its monitors and its worker, all with SIGKILL.
-    b_workers = [pid for pid in worker_pids(job.markers) if f"start-1-{pid}" in
-                 {p.name for p in job.markers.glob("start-1-*")}]  # fmt: skip
+    b_workers = [
+        pid
+        for pid in worker_pids(job.markers)
+        if f"start-1-{pid}" in {p.name for p in job.markers.glob("start-1-*")}
+    ]
     killed_at = time.time()
     os.killpg(b.proc.pid, signal.SIGKILL)
     for pid in b_workers:
         os.kill(pid, signal.SIGKILL)
     match = controller.wait_for_log(
         r"supervisor decision: restart node a \(policy node_lost\): node\(s\) b lost"
-        r".*; evidence: (\{.*\})", 30
-    )  # fmt: skip
+        r".*; evidence: (\{.*\})",
+        30,
+    )
     evidence = json.loads(match.group(1))
     decision = next(d for d in job.decisions() if d["policy"] == "node_lost")
     seen_after = _iso(decision["time"]) - killed_at
-    print(f"{engine}: node loss seen {seen_after:.2f} s after SIGKILL (interval {INTERVAL} s, "
-          f"ttl {evidence['ttl_s']} s)")  # fmt: skip
+    print(
+        f"{engine}: node loss seen {seen_after:.2f} s after SIGKILL (interval {INTERVAL} s, "
+        f"ttl {evidence['ttl_s']} s)"
+    )
     # Expired after the ttl (2 intervals) past its last document, plus a controller cycle;
     # etcd rounds a lease up to 2 s. Generous bound for a loaded machine.
     assert evidence["ttl_s"] == 2 * INTERVAL

@@ -23,8 +23,14 @@ from resiliency.supervisor import (
 
 def status(node: str, seq: int, ranks: tuple[int, ...] = (), **fields) -> NodeStatus:
     fields.setdefault("state", "running")
-    return NodeStatus(node=node, seq=seq, time=time.time(), interval=1.0,
-                      ranks={r: RankStatus() for r in ranks}, **fields)  # fmt: skip
+    return NodeStatus(
+        node=node,
+        seq=seq,
+        time=time.time(),
+        interval=1.0,
+        ranks={r: RankStatus() for r in ranks},
+        **fields,
+    )
 
 
 def obs(*views: NodeView, lost: dict | None = None) -> Observation:
@@ -33,8 +39,13 @@ def obs(*views: NodeView, lost: dict | None = None) -> Observation:
 
 def report(seq: int, scores: dict[int, float], rseq: int) -> Observation:
     """Node a (ranks 0, 1; it reports for everyone) and node b (ranks 2, 3)."""
-    a = status("a", seq, (0, 1), straggler_seq=rseq,
-               straggler={r: {"individual": s} for r, s in scores.items()})  # fmt: skip
+    a = status(
+        "a",
+        seq,
+        (0, 1),
+        straggler_seq=rseq,
+        straggler={r: {"individual": s} for r, s in scores.items()},
+    )
     return obs(NodeView(a, new=True), NodeView(status("b", seq, (2, 3)), new=True))
 
 
@@ -96,8 +107,11 @@ def test_gpu_ecc_or_critical_xid_excludes_at_once():
 
 def test_repeated_failure_stops_the_job_after_k_same_causes():
     p = RepeatedFailurePolicy(consecutive=3)
-    f = [{"attempt": 0, "cause": "hang:heartbeat"}, {"attempt": 1, "cause": "peer"},
-         {"attempt": 2, "cause": "hang:heartbeat"}]  # fmt: skip
+    f = [
+        {"attempt": 0, "cause": "hang:heartbeat"},
+        {"attempt": 1, "cause": "peer"},
+        {"attempt": 2, "cause": "hang:heartbeat"},
+    ]
     assert p.decide(obs(NodeView(status("a", 1, failures=f), new=True))) == []
     f2 = [*f, {"attempt": 3, "cause": "exit:1"}]
     assert p.decide(obs(NodeView(status("a", 2, failures=f2), new=True))) == []
@@ -121,8 +135,9 @@ def test_node_lost_restarts_the_running_survivors_only():
     assert (d.node, d.action) == ("a", "restart")
     assert d.evidence["lost"]["b"]["last_seq"] == 7 and d.evidence["ttl_s"] == 2.0
     # A node that left on purpose (excluded) is not lost.
-    gone = obs(NodeView(status("a", 4, (0,)), new=True),
-               lost={"b": status("b", 8, state="excluded")})  # fmt: skip
+    gone = obs(
+        NodeView(status("a", 4, (0,)), new=True), lost={"b": status("b", 8, state="excluded")}
+    )
     assert p.decide(gone) == []
 
 

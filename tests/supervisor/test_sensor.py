@@ -30,16 +30,32 @@ from resiliency.supervisor.cli import main as supervisor_main
 
 
 def probe(state: str = "running", **extra):
-    return lambda: {"state": state, "ranks": {0: RankStatus(0.25, "step")}, "restarts": 1,
-                    "hangs": {"heartbeat": 2}, **extra}  # fmt: skip
+    return lambda: {
+        "state": state,
+        "ranks": {0: RankStatus(0.25, "step")},
+        "restarts": 1,
+        "hangs": {"heartbeat": 2},
+        **extra,
+    }
 
 
 def test_a_document_roundtrips_and_bad_ones_are_refused():
-    doc = NodeStatus("n", 3, time.time(), 1.0, "running", ranks={4: RankStatus(0.5, "fwd")},
-                     straggler={4: {"gpu": 0.5}})  # fmt: skip
+    doc = NodeStatus(
+        "n",
+        3,
+        time.time(),
+        1.0,
+        "running",
+        ranks={4: RankStatus(0.5, "fwd")},
+        straggler={4: {"gpu": 0.5}},
+    )
     assert NodeStatus.from_json(doc.to_json()) == doc
-    for bad in (b"[]", b'{"v": 99}', b"{", json.dumps({**json.loads(doc.to_json()),
-                                                        "state": "zombie"}).encode()):  # fmt: skip
+    for bad in (
+        b"[]",
+        b'{"v": 99}',
+        b"{",
+        json.dumps({**json.loads(doc.to_json()), "state": "zombie"}).encode(),
+    ):
         with pytest.raises(SupervisorError):
             NodeStatus.from_json(bad)
 
@@ -47,8 +63,9 @@ def test_a_document_roundtrips_and_bad_ones_are_refused():
 def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_url: str):
     backend = backend_from_url(backend_url)
     got = []
-    sensor = NodeSensor(backend, "n1", probe(), interval=0.3, gpu=False, ledger_dir="",
-                        on_intent=got.append)  # fmt: skip
+    sensor = NodeSensor(
+        backend, "n1", probe(), interval=0.3, gpu=False, ledger_dir="", on_intent=got.append
+    )
     sensor.start()
     time.sleep(1.0)
     controller_side = backend_from_url(backend_url)
@@ -62,8 +79,9 @@ def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_ur
     before, seq0 = dict(backend.ops), sensor.latest.seq
     time.sleep(1.5)
     sensor.stop(final=False)
-    writes = {op: n - before.get(op, 0) for op, n in backend.ops.items()
-              if op in ("set", "put", "append")}  # fmt: skip
+    writes = {
+        op: n - before.get(op, 0) for op, n in backend.ops.items() if op in ("set", "put", "append")
+    }
     published = sensor.latest.seq - seq0
     assert published >= 2
     assert sum(writes.values()) <= published + 1, (writes, published)  # one write per document
@@ -74,8 +92,9 @@ def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_ur
 
 
 def test_gpu_watch_reads_ecc_xid_and_throttle(fake_nvml: Path):
-    fake_nvml.write_text(json.dumps({"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]},
-                                     "throttle": {"0": 0x40 | 0x4}}))  # fmt: skip
+    fake_nvml.write_text(
+        json.dumps({"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]}, "throttle": {"0": 0x40 | 0x4}})
+    )
     watch = GpuWatch()
     assert watch.available
     d0, d1 = watch.sample()
@@ -113,17 +132,30 @@ def test_uncorrectable_ecc_excludes_the_node_at_once(backend_url: str, fake_nvml
 
 
 def test_status_endpoint_serves_prometheus_text():
-    latest = NodeStatus("n", 1, time.time(), 1.0, "running", ranks={3: RankStatus(0.5, "fwd")},
-                        step=42, restarts=2, hangs={"heartbeat": 1},
-                        straggler={3: {"individual": 0.8}}, checkpoint_age=12.5)  # fmt: skip
+    latest = NodeStatus(
+        "n",
+        1,
+        time.time(),
+        1.0,
+        "running",
+        ranks={3: RankStatus(0.5, "fwd")},
+        step=42,
+        restarts=2,
+        hangs={"heartbeat": 1},
+        straggler={3: {"individual": 0.8}},
+        checkpoint_age=12.5,
+    )
     server = start_status_server(lambda: latest, 0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
         server.close()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert samples[("resiliency_heartbeat_age_seconds", (("rank", "3"),))] == 0.5
     assert samples[("resiliency_open_section", (("rank", "3"), ("section", "fwd")))] == 1
     assert samples[("resiliency_last_step", ())] == 42

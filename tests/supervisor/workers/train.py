@@ -59,8 +59,11 @@ def main() -> None:
         elapsed = time.monotonic() - window_start
         if elapsed >= args.report_s:
             score = min(1.0, args.step_s * window_steps / elapsed)
-            rec.emit("straggler_detected", ranks=[rank] if score < 0.7 else [],
-                     scores={str(rank): {"individual": round(score, 3)}})  # fmt: skip
+            rec.emit(
+                "straggler_detected",
+                ranks=[rank] if score < 0.7 else [],
+                scores={str(rank): {"individual": round(score, 3)}},
+            )
             rec.flush()
             window_start, window_steps = time.monotonic(), 0
     rec.flush()
