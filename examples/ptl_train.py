@@ -133,7 +133,7 @@ def build_callbacks(args: argparse.Namespace, resuming: bool, **ft_kwargs: Any) 
                 report_time_interval=args.straggler_interval,
                 calc_relative_gpu_perf=True,
                 calc_individual_gpu_perf=True,
-                num_gpu_perf_scores_to_log=3,
+                num_gpu_perf_scores_to_print=3,
                 gpu_relative_perf_threshold=0.75,
                 gpu_individual_perf_threshold=0.75,
                 stop_if_detected=args.stop_if_detected,
