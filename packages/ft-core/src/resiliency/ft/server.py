@@ -327,14 +327,8 @@ class RankMonitorServer(SocketLoop):
             return
         logger.warning("%s requests %s: %s", self._who(), action.value, msg["desc"])
         if self._controller is None:
-            self._send(
-                conn,
-                {
-                    "t": "error",
-                    "msg": "no launcher is connected to this rank monitor; the workload control "
-                    "request was not delivered",
-                },
-            )
+            undelivered = "no launcher is connected to this rank monitor; request not delivered"
+            self._send(conn, {"t": "error", "msg": undelivered})
             return
         rank = self._watch.rank if self._watch is not None else None
         self._emit("wlc", action=action.value, desc=msg["desc"], rank=rank, pid=conn.creds.pid)
