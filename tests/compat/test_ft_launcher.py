@@ -171,6 +171,7 @@ def test_unknown_flag_names_the_closest(ft_launcher):
 def test_sigusr2_as_rank_termination_signal(ft_launcher):
     run = ft_launcher("--ft-rank-termination-signal", "SIGUSR2")
     assert run.wait() == 0, run.log()
+    assert "the stack dump uses SIGUSR1 instead" in run.log()
 
 
 def test_initial_heartbeat_timeout_counts_from_init_workload_monitoring(ft_launcher):
