@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,23 @@ def test_exit_flushes_without_close(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
     (path,) = tmp_path.iterdir()
     assert [x["step"] for x in _lines(path)][-1] == 50
+
+
+def test_the_readers_bulk_path_reads_what_the_recorder_wrote(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, job="j", rank=0, step_interval_s=0.0)
+    for n in range(1, 501):
+        recorder.step(n)
+    recorder.emit("checkpoint_saved", step=500, tier="local", bytes=1, blocked_s=0.1, total_s=1)
+    recorder.close()
+    lines = _lines(recorder.path)
+    assert len(lines) == 501
+    ledger = read_ledger([tmp_path])  # 500 step lines in one block: read in bulk
+    assert not ledger.warnings
+    expected = sorted(
+        (datetime.fromisoformat(x["time"]).timestamp(), x["step"], x["attempt"])
+        for x in lines
+        if x["event"] == "step"
+    )
+    assert [s[1:] for s in ledger.steps] == [s[1:] for s in expected]
+    assert [s[0] for s in ledger.steps] == pytest.approx([s[0] for s in expected], abs=1e-6)
+    assert [e.event for e in ledger.events] == ["checkpoint_saved"]

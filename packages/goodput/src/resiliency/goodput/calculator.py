@@ -152,7 +152,8 @@ def auto_step_time(timeline: Timeline) -> float | None:
     if min(work.n) == max(work.n) == 1:  # every step recorded: plain medians, sorted in C
         values = sorted(work.eff)
         median = _median(values, None)
-        mad = _median(sorted([abs(v - median) for v in values]), None)
+        deviations = map(abs, map(operator.sub, values, itertools.repeat(median)))
+        mad = _median(sorted(deviations), None)
         limit = median + 3.0 * mad
         return _median(values[: bisect.bisect_right(values, limit)], None)
     pairs = sorted(zip(map(operator.truediv, work.eff, work.n), work.n, strict=True))
@@ -164,31 +165,39 @@ def auto_step_time(timeline: Timeline) -> float | None:
 
 @dataclass
 class _Shares:
-    """Per work interval: productive, lost and slowdown seconds, and their prefix sums."""
+    """Per work interval: productive, lost and slowdown seconds."""
 
     productive: list[float]
     lost: list[float]
     slowdown: list[float]
-    sums: dict[str, list[float]]
+
+    def columns(self) -> dict[str, list[float]]:
+        return {
+            "productive": self.productive,
+            "lost_progress": self.lost,
+            "slowdown": self.slowdown,
+        }
 
 
 def _shares(timeline: Timeline, ideal: float | None) -> _Shares:
     work = timeline.work
-    kept_share = list(map(operator.truediv, map(operator.sub, work.n, work.lost), work.n))
-    kept = list(map(operator.mul, work.eff, kept_share))
+    eff = work.eff
     if ideal is None:
-        productive = kept
+        productive = list(eff)
+    elif work.n and min(work.n) == max(work.n) == 1:  # every step recorded
+        productive = list(map(min, eff, itertools.repeat(ideal)))
     else:
-        cap = map(operator.mul, work.n, itertools.repeat(ideal))
-        productive = list(map(operator.mul, kept_share, map(min, work.eff, cap)))
-    lost = list(map(operator.sub, work.eff, kept))
-    slowdown = list(map(operator.sub, kept, productive))
-    sums = {
-        "productive": list(itertools.accumulate(productive, initial=0.0)),
-        "lost_progress": list(itertools.accumulate(lost, initial=0.0)),
-        "slowdown": list(itertools.accumulate(slowdown, initial=0.0)),
-    }
-    return _Shares(productive, lost, slowdown, sums)
+        productive = list(map(min, eff, map(operator.mul, work.n, itertools.repeat(ideal))))
+    slowdown = list(map(operator.sub, eff, productive))
+    lost = [0.0] * len(eff)
+    if any(work.lost):  # only the intervals before a rollback: few
+        for i, (steps, redone) in enumerate(zip(work.n, work.lost, strict=True)):
+            if redone:
+                kept_share = (steps - redone) / steps
+                lost[i] = eff[i] * (1.0 - kept_share)
+                productive[i] *= kept_share
+                slowdown[i] = eff[i] * kept_share - productive[i]
+    return _Shares(productive, lost, slowdown)
 
 
 def _overlay_overlap(overlays: list[tuple[float, float, str]], a: float, b: float) -> float:
@@ -207,8 +216,8 @@ def _work_breakdown(
     inner_first = first if work.start[first] >= lo else first + 1
     inner_last = last if work.end[last - 1] <= hi else last - 1
     if inner_first < inner_last:
-        for name, sums in shares.sums.items():
-            seconds[name] += sums[inner_last] - sums[inner_first]
+        for name, column in shares.columns().items():
+            seconds[name] += math.fsum(column[inner_first:inner_last])
     for i in {first, last - 1}:
         if inner_first <= i < inner_last:
             continue

@@ -190,7 +190,7 @@ class Recorder:
             "schema": SCHEMA_VERSION,
             "job": self.job,
             "event": event,
-            "time": datetime.fromtimestamp(wall, timezone.utc).isoformat(),
+            "time": datetime.fromtimestamp(wall, timezone.utc).isoformat(timespec="microseconds"),
             "mono": round(mono, 6),
             "node": self.node,
             "rank": self.rank,

@@ -26,6 +26,7 @@ from resiliency.goodput.ledger import Event, Ledger
 
 # Overlay categories, highest priority first where two overlap.
 OVERLAY_PRIORITY = {"loading": 3, "saving": 2, "hang": 1}
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 LOAD = -1  # third item of a progress mark that is a checkpoint load (steps carry the attempt)
 
 
@@ -203,7 +204,7 @@ def build_timeline(ledger: Ledger) -> Timeline:
                 begin = ev.time - float(data["total_s"] or data["blocked_s"])
             raw.append((begin, begin + float(data["blocked_s"]), "saving"))
             timeline.saves.append((begin, ev.time, int(data["step"])))
-    step_times = [s[0] for s in ledger.steps]
+    step_times = list(map(_FIRST, ledger.steps))
     bounds = [0] + [bisect.bisect_left(step_times, c.start) for c in cycles[1:]]
     bounds.append(len(step_times))
     marks: list[list[tuple[float, int, int]]] = []
@@ -277,7 +278,7 @@ def _cut_cycle(
     if failure is None and index + 1 < count:
         failure = marks[-1][0] if marks else cycle.start  # restarted with no failure recorded
     stop = cycle.end if failure is None else min(max(failure, cycle.start), cycle.end)
-    times = [m[0] for m in marks]
+    times = list(map(_FIRST, marks))
     k = bisect.bisect_right(times, stop)
     if k == 0:
         bases.append(Base(cycle.start, stop, before))
@@ -286,7 +287,7 @@ def _cut_cycle(
         implicit = kind != LOAD
         lost_first = int(implicit and first_step > future)
         bases.append(Base(cycle.start, first_time, before, implicit=implicit, lost=lost_first))
-        steps = [m[1] for m in marks[:k]]
+        steps = list(map(_SECOND, marks[:k]))
         times = times[:k]
         n = list(map(operator.sub, steps[1:], steps[:-1]))
         if n and min(n) > 0:  # steps only go up: the fast way
