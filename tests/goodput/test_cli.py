@@ -120,3 +120,20 @@ def test_watch_prints_live_figures(tmp_path: Path) -> None:
     assert len(lines) >= 3, out
     assert "goodput 0.0 %" in lines[0]
     assert "goodput 50.0 %" in lines[-1] and "step 75" in lines[-1] and "attempt 1" in lines[-1]
+
+
+def test_progress_is_shown_for_large_ledgers(capsys: pytest.CaptureFixture[str]) -> None:
+    from resiliency.goodput.cli import PROGRESS_MIN_BYTES, _Progress  # noqa: PLC0415
+
+    progress = _Progress()
+    progress.tty = False
+    progress(10, 1000)  # a small ledger: nothing
+    assert capsys.readouterr().err == ""
+    total = 4 * PROGRESS_MIN_BYTES
+    for percent in range(101):
+        progress(percent * total // 100, total)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("reading ledger:   0 % of") and lines[-1].startswith(
+        "reading ledger: 100 %"
+    )
+    assert len(lines) == 5  # every quarter off a terminal
