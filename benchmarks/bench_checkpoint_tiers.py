@@ -142,6 +142,8 @@ def rank_main(args: argparse.Namespace) -> int:
     )
     mgr.save(1, state, tier="local").wait()
     mgr.save(1, state, tier="persistent").wait()
+    dist.barrier()
+    shutil.rmtree(local / "step_000000001")  # keep /dev/shm to one step (memory)
     timed_save(mgr, 2, "persistent", "persistent")
     timed_save(mgr, 3, "local", "local_replica")
 

@@ -80,13 +80,13 @@ def main() -> int:
         real_wait = _replicate._Link.wait
         rounds = {"n": 0}
 
-        def wait(self: Any, peer_node: Any) -> None:
+        def wait(self: Any, *a: Any) -> None:
             if f"step {args.kill_in_replication} " in self.what:
                 rounds["n"] += 1
                 if rounds["n"] == 4:  # headers done, chunks on their way
                     (out / f"killed-{rank}").touch()
                     os.kill(os.getpid(), signal.SIGKILL)
-            real_wait(self, peer_node)
+            real_wait(self, *a)
 
         _replicate._Link.wait = wait  # type: ignore[method-assign]
 

@@ -14,8 +14,10 @@ chunks go through the GPU (``device``); on gloo they stay on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -96,9 +98,12 @@ class _Link:
         self.pending.append((work, src, "receiving from"))
         return buf
 
-    def wait(self, peer_node: Any) -> None:
+    def take(self) -> list[tuple[Any, int, str]]:
         pending, self.pending = self.pending, []
-        for work, peer, verb in pending:
+        return pending
+
+    def wait(self, peer_node: Any, pending: list[tuple[Any, int, str]] | None = None) -> None:
+        for work, peer, verb in self.take() if pending is None else pending:
             left = self.deadline - time.monotonic()
             try:
                 if left <= 0:
@@ -155,7 +160,10 @@ def exchange(
             plans.append([])
             continue
         i.manifest = header
-        i.directory.mkdir(parents=True, exist_ok=False)
+        try:
+            i.directory.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:  # the chunks are still received (and dropped)
+            i.error = f"cannot create {i.directory}: {exc}"
         plans.append(_chunks(header))
     sends = [_chunks(o.manifest) for o in outgoing]
     sent = _pump(link, outgoing, sends, incoming, plans, peer_node)
@@ -173,24 +181,48 @@ def _pump(  # noqa: PLR0917
     plans: list[list[tuple[str, int, int]]],
     peer_node: Any,
 ) -> int:
-    """Move every chunk; round k posts chunk k of every transfer and waits for all of them."""
+    """Move every chunk: round k posts chunk k of every transfer; while it is on the wire the
+    chunks of round k-1 are written and checksummed (two rounds in flight at most)."""
     readers: dict[tuple[int, str], Any] = {}
     writers: dict[tuple[int, str], Any] = {}
     sent = 0
+
+    def land(works: list[Any], received: list[tuple[int, Incoming, str, torch.Tensor]]) -> None:
+        link.wait(peer_node, works)
+        for n, i, name, buf in received:
+            if i.error:  # a local write already failed: keep receiving, drop the bytes
+                continue
+            data = memoryview(buf.cpu().numpy())  # type: ignore[arg-type]
+            try:
+                writer = writers.get((n, name))
+                if writer is None:
+                    writer = writers[(n, name)] = open(i.directory / name, "wb")  # noqa: SIM115
+                writer.write(data)
+            except OSError as exc:  # e.g. disk full: the protocol goes on, the copy is failed
+                i.error = f"writing the copy received from rank {i.src} failed: {exc}"
+                continue
+            i._crc[name] = zlib.crc32(data, i._crc.get(name, 0))
+            i.bytes += len(data)
+
     try:
         rounds = max([len(s) for s in sends] + [len(p) for p in plans] + [0])
+        previous: tuple[list[Any], list[Any]] | None = None
         for k in range(rounds):
             received = []
             for n, (o, chunks) in enumerate(zip(outgoing, sends, strict=True)):
                 if k >= len(chunks):
                     continue
                 name, _, nbytes = chunks[k]
-                reader = readers.get((n, name))
-                if reader is None:
-                    reader = readers[(n, name)] = open(o.directory / name, "rb")  # noqa: SIM115
                 buf = torch.zeros(nbytes, dtype=torch.uint8)
                 view = memoryview(buf.numpy())  # type: ignore[arg-type]
-                got = reader.readinto(view)  # a short file sends zeros
+                try:  # a short or unreadable file sends zeros: the receiver's CRC check fails
+                    reader = readers.get((n, name))
+                    if reader is None:
+                        reader = readers[(n, name)] = open(o.directory / name, "rb")  # noqa: SIM115
+                    got = reader.readinto(view)
+                except OSError as exc:
+                    got = -1
+                    logger.warning("%s: %s", o.directory / name, exc)
                 if got != nbytes:
                     logger.warning("%s is shorter than its manifest", o.directory / name)
                 link.send(buf, o.dst)
@@ -200,28 +232,31 @@ def _pump(  # noqa: PLR0917
                     name, _, nbytes = chunks[k]
                     buf = link.recv(torch.empty(nbytes, dtype=torch.uint8), i.src)
                     received.append((n, i, name, buf))
-            link.wait(peer_node)
-            for n, i, name, buf in received:
-                writer = writers.get((n, name))
-                if writer is None:
-                    writer = writers[(n, name)] = open(i.directory / name, "wb")  # noqa: SIM115
-                data = memoryview(buf.cpu().numpy())  # type: ignore[arg-type]
-                writer.write(data)
-                i._crc[name] = zlib.crc32(data, i._crc.get(name, 0))
-                i.bytes += len(data)
+            current = (link.take(), received)
+            if previous is not None:
+                land(*previous)
+            previous = current
+        if previous is not None:
+            land(*previous)
     finally:
         for f in readers.values():
             f.close()
         for f in writers.values():
-            f.flush()
-            _fsync(f)
-            f.close()
+            try:
+                f.flush()
+                _fsync(f)
+            except OSError as exc:
+                logger.error("%s: %s", f.name, exc)
+                for i in incoming:
+                    if Path(f.name).parent == i.directory and not i.error:
+                        i.error = f"flushing {f.name} failed: {exc}"
+            finally:
+                with contextlib.suppress(OSError):
+                    f.close()
     return sent
 
 
 def _fsync(f: Any) -> None:
-    import os  # noqa: PLC0415
-
     os.fsync(f.fileno())
 
 
