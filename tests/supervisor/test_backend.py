@@ -100,8 +100,8 @@ def test_steady_state_is_one_write_per_publication(backend_url: str):
     writes = {op: n - before.get(op, 0) for op, n in b.ops.items() if n != before.get(op, 0)}
     if b.url.scheme == "tcp":
         assert writes == {"set": 5}
-    else:  # one KV write; the lease keepalive writes no key
-        assert writes == {"put": 5, "keepalive": 5}
+    else:  # one KV write; the lease keepalive (at most one per put) writes no key
+        assert writes.pop("put") == 5 and writes.pop("keepalive", 0) <= 5 and not writes
     b.close()
 
 

@@ -1,8 +1,9 @@
 """The etcd v3 backend (the ``etcd`` extra), through etcd's gRPC gateway with ``etcd3gw``.
 
 - liveness: a lease per ttl (etcd rounds a ttl up to whole seconds, 2 s at least); a put with a
-  ttl attaches the key to it and refreshes it (``keepalive``), so the key is deleted by etcd
-  itself ttl seconds after the writer's last put. Steady state of a sensor: one ``put`` and one
+  ttl attaches the key to it and refreshes it (``keepalive``, skipped when this process
+  refreshed it less than a quarter ttl ago), so the key is deleted by etcd itself about ttl
+  seconds after the writer's last put. Steady state of a sensor: one ``put`` and one
   ``keepalive`` per interval (the keepalive writes no key and makes no revision).
 - listing: one range request over the prefix.
 - watch: ``wait_for_change`` reads the key with its revision, then watches from the next
@@ -62,7 +63,7 @@ class EtcdBackend(Backend):
         self._watch_timeout = etcd_exceptions.WatchTimedOut
         self._client = etcd3gw.Etcd3Client(host=url.host, port=url.port, timeout=timeout)
         self._lock = threading.Lock()
-        self._leases: dict[int, Any] = {}
+        self._leases: dict[int, tuple[int, float]] = {}  # ttl -> (lease id, last refresh)
         try:
             self._client.status()
         except self._errors as exc:
@@ -78,16 +79,21 @@ class EtcdBackend(Backend):
 
     def _lease_id(self, ttl: float) -> int:
         seconds = max(_MIN_TTL_S, math.ceil(ttl))
+        now = time.monotonic()
         with self._lock:
-            lease = self._leases.get(seconds)
+            lease, refreshed = self._leases.get(seconds, (None, 0.0))
         if lease is not None:
+            if now - refreshed < seconds / 4:
+                return lease  # refreshed moments ago (several keys share this process's lease)
             answer = self._post("keepalive", "/lease/keepalive", {"ID": lease})
             if int(answer.get("result", {}).get("TTL", -1)) > 0:
+                with self._lock:
+                    self._leases[seconds] = (lease, now)
                 return lease
         granted = self._post("lease_grant", "/lease/grant", {"TTL": seconds, "ID": 0})
         lease = int(granted["ID"])
         with self._lock:
-            self._leases[seconds] = lease
+            self._leases[seconds] = (lease, now)
         return lease
 
     def put(self, key: str, value: bytes, *, ttl: float | None = None) -> None:
