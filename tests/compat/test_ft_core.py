@@ -85,7 +85,11 @@ def test_from_kwargs_ignoring_unknown_keys_drops_them_loudly(caplog):
         ("use_infra_group_rank", True),
     ],
 )
-def test_nvrx_keys_without_a_feature_here_are_accepted_with_a_warning(key, value, caplog):
+def test_nvrx_keys_without_a_feature_here_are_accepted_with_a_warning(
+    key, value, caplog, monkeypatch
+):
+    # The warning comes once per process and key: forget earlier tests' warnings.
+    monkeypatch.setattr("resiliency.ft._nvrx_keys._warned", set())
     with caplog.at_level(logging.WARNING):
         cfg = FaultToleranceConfig.from_kwargs(**{key: value, "safety_factor": 2.0})
         FaultToleranceConfig(**{key: value})

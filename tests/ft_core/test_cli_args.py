@@ -168,7 +168,7 @@ def test_malformed_section_timeouts_flag_names_the_flag(raw: str, fragment: str)
     [
         (
             ["--ft-safety-factor", "0.5"],
-            "--ft-safety-factor/--ft-param-safety_factor: Input should",
+            "--ft-safety-factor/--ft-param-safety_factor: safety_factor must be >= 1",
         ),
         (["--ft-param-workload_check_interval", "-1"], "--ft-workload-check-interval/"),
         (["--ft-workload-check-interval", "0"], "greater than 0"),

@@ -87,3 +87,30 @@ LogLevel = Annotated[
     PlainSerializer(_log_level_name, return_type=str | int, when_used="json"),
     Field(json_schema_extra={"doc_type": "log level name or number", "metavar": "LEVEL"}),
 ]
+
+
+def check_safety_factor(value: Any) -> Any:
+    """Reject a safety factor below 1 with the reason (NVIDIA's resiliency extension accepts it).
+
+    Args:
+        value: the raw value; anything that is not a number is left to pydantic.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        ValueError: a number below 1.
+    """
+    value = reject_bool(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    if number < 1.0:
+        raise ValueError(
+            f"safety_factor must be >= 1, got {value!r}: a calculated timeout shorter than the "
+            "longest interval observed would kill healthy ranks (NVIDIA's resiliency extension "
+            "accepts it; this toolkit does not, see docs/coming_from_nvidia_resiliency_ext.md)"
+        )
+    return value
+

@@ -34,7 +34,7 @@ from resiliency.ft._config_values import (
     NonNegativeSeconds,
     Seconds,
     Signal,
-    reject_bool,
+    check_safety_factor,
 )
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS, drop_nvrx_only_keys
 from resiliency.ft._yaml_section import find_sections as _find_sections
@@ -110,7 +110,7 @@ class FaultToleranceConfig(BaseModel):
         5.0,
         description="How often the launcher checks the health of its node.",
     )
-    safety_factor: Annotated[float, BeforeValidator(reject_bool)] = Field(
+    safety_factor: Annotated[float, BeforeValidator(check_safety_factor)] = Field(
         5.0,
         ge=1.0,
         allow_inf_nan=False,
