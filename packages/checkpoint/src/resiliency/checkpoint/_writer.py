@@ -11,6 +11,7 @@ ignores the termination signals sent to the rank's process group.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("resiliency.checkpoint.writer")
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _serve(sock: socket.socket) -> None:
@@ -80,6 +83,18 @@ def _serve(sock: socket.socket) -> None:
         _protocol.send(sock, reply)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux for SIGKILL when the rank dies (the writer lives in a session of its own)."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError) as exc:  # not Linux: the socket's EOF still ends it
+        logger.debug("no parent-death signal: %s", exc)
+    if os.getppid() != parent:  # the rank died before the request took effect
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve saves on the socket descriptor given as the only argument."""
     args = sys.argv[1:] if argv is None else argv
@@ -89,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     # rank is waiting for (an emergency save above all); it ends when the rank closes the socket.
     for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    _die_with_parent()
     with contextlib.suppress(OSError):
         os.nice(int(os.environ.get("RESILIENCY_CKPT_WRITER_NICE", "10")))
     logging.basicConfig(level=logging.WARNING, format="[ckpt-writer %(process)d] %(message)s")

@@ -56,6 +56,10 @@ class WriterProcess:
                 env=env,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                # Its own session: a SIGTERM to the rank's process group (a launcher stopping or
+                # preempting the workers) must not kill the save the rank is waiting for. It
+                # still ends with the rank: at its socket's EOF, or by its parent-death signal.
+                start_new_session=True,
             )
         finally:
             child.close()

@@ -365,6 +365,7 @@ class CheckpointManager:
         t0 = time.monotonic()
         chosen, nbytes = self._agree_on_step(step)
         if chosen is None:
+            self._warm_writer()
             return None
         path = _layout.step_dir(self.root, chosen)
         try:
@@ -388,7 +389,20 @@ class CheckpointManager:
             duration_s=round(duration, 6),
         )
         logger.info("loaded step %d from %s in %.3f s", chosen, path, duration)
+        self._warm_writer()
         return chosen
+
+    def _warm_writer(self) -> None:
+        """Wait out the writer's start-up here, before the training loop, not in the first save.
+
+        A save that waits for the writer's imports blocks the step for seconds on a loaded node,
+        long enough to trip a heartbeat timeout; ``load`` runs before the loop, where the
+        initial-heartbeat timeout applies instead.
+        """
+        try:
+            self._ensure_writer()
+        except Exception as exc:  # reported again, on every rank, by the next save
+            logger.warning("rank %d: checkpoint writer not ready: %s", self.rank, exc)
 
     def _agree_on_step(self, step: int | None) -> tuple[int | None, int]:
         local = self.steps()
