@@ -176,7 +176,7 @@ class StragglerDetectionCallback(CallbackBase):
         self._section: AbstractContextManager[Any] | None = None
         self._rank = 0
         self.last_report: Report | None = None
-        """The latest report on rank 0 (None on the other ranks, as NVIDIA's Detector gives them)."""
+        """The latest report on rank 0 (None on the other ranks, as NVIDIA's Detector gives)."""
         self.stopped_at_step: int | None = None
         """Global step at which training was stopped for a straggler, if it was."""
 
