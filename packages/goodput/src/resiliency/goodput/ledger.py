@@ -81,6 +81,24 @@ def ledger_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
+def _positions_of_others(events: list[Any]) -> list[int]:
+    """Indices of the events that are not steps (few), found at C speed."""
+    try:
+        kinds = set(events) - {"step"}
+    except TypeError:  # an unhashable "event" value: look at each
+        return [i for i, e in enumerate(events) if e != "step"]
+    positions: list[int] = []
+    for kind in kinds:
+        index = events.index(kind)
+        while True:
+            positions.append(index)
+            try:
+                index = events.index(kind, index + 1)
+            except ValueError:
+                break
+    return sorted(positions)
+
+
 def _problem(obj: Any) -> str | None:
     """Why a line is skipped, or None for a valid event of a version this reader knows."""
     if not isinstance(obj, dict):
@@ -173,13 +191,16 @@ class _FileReader:
             for n, obj in enumerate(objs, first):
                 self._add(n, obj)
             return
-        for n, (obj, event) in enumerate(zip(objs, events, strict=True), first):
-            if event != "step":
-                self._add(n, obj)
+        for i in _positions_of_others(events):
+            self._add(first + i, objs[i])
 
     def _bulk_steps(self, objs: list[Any], events: list[Any]) -> bool:
         """Add every step line of a block at C speed; False (nothing added) if one is unusual."""
-        steps = [o for o, e in zip(objs, events, strict=True) if e == "step"]
+        if events.count("step") == len(events):
+            steps = objs
+        else:
+            is_step = map(operator.eq, events, itertools.repeat("step"))
+            steps = list(itertools.compress(objs, is_step))
         get, every = dict.get, itertools.repeat
         numbers: list[Any] = list(map(get, steps, every("step")))
         attempts: list[Any] = list(map(get, steps, every("attempt")))
