@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -211,11 +212,13 @@ def _stats(xs: list[float]) -> dict:
     }
 
 
-def many_nodes(server: Server, nodes: int, interval: float, duration: float, conns: int) -> dict:
-    """``nodes`` simulated sensors and one controller against one server."""
-    url = server.url("many")
+def _sensor_process(url: str, nodes: int, interval: float, conns: int, report: Path) -> None:
+    """Simulated sensors (run in their own process, so they never share the controller's GIL).
+
+    Writes ``{"writes": N, "put_s": [...]}`` to ``report`` when SIGTERM arrives.
+    """
     stop = threading.Event()
-    put_lat: list[float] = []
+    lat: list[float] = []
     written = [0]
     lock = threading.Lock()
 
@@ -231,51 +234,103 @@ def many_nodes(server: Server, nodes: int, interval: float, duration: float, con
                 t = time.perf_counter()
                 backend.put(keys.node(n), payloads[n], ttl=2 * interval)
                 with lock:
-                    put_lat.append(time.perf_counter() - t)
+                    lat.append(time.perf_counter() - t)
                     written[0] += 1
                 if seq % 10 == 0:  # refresh the document's content now and then
                     payloads[n] = _doc(n, seq, interval).to_json()
             stop.wait(max(0.0, interval - (time.monotonic() - start)))
         backend.close()
 
+    at_go = [0]
+
+    def go(*_: object) -> None:  # SIGUSR1: the measurement starts now
+        with lock:
+            at_go[0] = written[0]
+            lat.clear()
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, go)
     names = [f"node{i:04d}" for i in range(nodes)]
-    threads = [
-        threading.Thread(target=sensors, args=(names[i::conns],), daemon=True) for i in range(conns)
-    ]
+    threads = [threading.Thread(target=sensors, args=(names[i::conns],)) for i in range(conns)]
     for t in threads:
         t.start()
-    time.sleep(interval * 1.5)  # every node has published once
+    while not stop.is_set():
+        stop.wait(0.5)
+        with lock:  # only the recent window matters; keep memory bounded
+            del lat[:-20000]
+    for t in threads:
+        t.join(60)
+    report.write_text(
+        json.dumps({"writes": written[0], "put_s": lat, "writes_measured": written[0] - at_go[0]})
+    )
+
+
+def many_nodes(server: Server, nodes: int, interval: float, duration: float, conns: int) -> dict:
+    """``nodes`` simulated sensors (another process) and one controller against one server."""
+    url = server.url("many")
+    report = Path(tempfile.mkdtemp(prefix="bench-sensors-")) / "report.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--sensors",
+            url,
+            "--nodes",
+            str(nodes),
+            "--interval",
+            str(interval),
+            "--connections",
+            str(conns),
+            "--json",
+            str(report),
+        ],
+    )
     ctl_backend = backend_from_url(url, timeout=30)
+    prefix = keys_for(ctl_backend.namespace).nodes
+    deadline = time.monotonic() + 180
+    warm = time.monotonic()
+    while len(ctl_backend.list(prefix)) < nodes:  # every simulated node has published once
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError("the simulated sensors did not all publish within 180 s")
+        time.sleep(0.5)
+    warm = time.monotonic() - warm
     policies, _ = load_policies(None)
     controller = Controller(ctl_backend, policies, interval=interval, recorder=object())
-    cpu0, w0, t0 = server.cpu_s(), written[0], time.monotonic()
-    with lock:
-        put_lat.clear()
-    loops, seen = [], []
-    ops0 = dict(ctl_backend.ops)
+    proc.send_signal(signal.SIGUSR1)
+    cpu0, t0 = server.cpu_s(), time.monotonic()
+    loops, reads, seen = [], [], []
+    ctl_ops = 0
     while time.monotonic() - t0 < duration:
+        before = sum(ctl_backend.ops.values())
         stats = controller.cycle()
+        ctl_ops += sum(ctl_backend.ops.values()) - before
         loops.append(stats.seconds)
         seen.append(stats.nodes)
-        time.sleep(max(0.0, interval - stats.seconds))
+        t = time.perf_counter()
+        ctl_backend.list(prefix)  # the store read alone, for the breakdown
+        reads.append(time.perf_counter() - t)
+        time.sleep(max(0.0, interval - stats.seconds - reads[-1]))
     elapsed = time.monotonic() - t0
     cpu = server.cpu_s() - cpu0
-    writes = written[0] - w0
-    ctl_ops = sum(ctl_backend.ops.values()) - sum(ops0.values())
-    stop.set()
-    for t in threads:
-        t.join(30)
     ctl_backend.close()
-    lat = sorted(put_lat)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+    sim = json.loads(report.read_text())
+    shutil.rmtree(report.parent, ignore_errors=True)
+    lat = sorted(sim["put_s"])
+    writes_per_s = sim["writes_measured"] / elapsed
     return {
         "nodes": nodes,
         "interval_s": interval,
         "connections": conns,
         "duration_s": round(elapsed, 1),
+        "first_publication_of_all_s": round(warm, 1),
         "controller_loop_s": _stats(loops),
+        "controller_store_read_s": _stats(reads),
         "nodes_seen_median": statistics.median(seen),
-        "sensor_writes_per_s": round(writes / elapsed, 1),
-        "writes_per_node_per_interval": round(writes / elapsed * interval / nodes, 3),
+        "sensor_writes_per_s": round(writes_per_s, 1),
+        "writes_per_node_per_interval": round(writes_per_s * interval / nodes, 3),
         "controller_round_trips_per_cycle": round(ctl_ops / len(loops), 1),
         "store_cpu_percent": round(100 * cpu / elapsed, 1),
         "put_latency_ms": {
@@ -295,7 +350,11 @@ def main() -> int:
     p.add_argument("--react-interval", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--sensors", default=None, help=argparse.SUPPRESS)  # internal: sensor process
     args = p.parse_args()
+    if args.sensors is not None:
+        _sensor_process(args.sensors, args.nodes, args.interval, args.connections, args.json)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-supervisor-"))
     results: dict[str, dict] = {}
     try:
