@@ -118,13 +118,14 @@ class TieredCheckpoints:
 
     def due(self, step: int, tier: str | None) -> tuple[bool, bool]:
         """Which tiers save ``step``: (local, persistent)."""
-        if tier is not None and tier not in ("local", "persistent"):
-            raise ValueError(f"tier must be 'local', 'persistent' or None, got {tier!r}")
+        if tier is not None and tier not in ("local", "persistent", "all"):
+            raise ValueError(f"tier must be 'local', 'persistent', 'all' or None, got {tier!r}")
         local = self.local_tier is not None and (
-            tier == "local" or (tier is None and step % self.local_tier.every == 0)
+            tier in ("local", "all") or (tier is None and step % self.local_tier.every == 0)
         )
         persistent = self.persistent_tier is not None and (
-            tier == "persistent" or (tier is None and step % self.persistent_tier.every == 0)
+            tier in ("persistent", "all")
+            or (tier is None and step % self.persistent_tier.every == 0)
         )
         return local, persistent
 

@@ -181,7 +181,8 @@ class CheckpointManager:
         save still in flight is waited for first; its failure is logged on every rank (and
         raised by its own handle's ``wait``), never raised here. Saving a step that is already
         committed is a no-op (logged): a step is never overwritten. With tiers, ``step`` goes
-        to every tier it is due on, or to ``tier`` ("local" or "persistent") alone.
+        to every tier it is due on, or to ``tier`` ("local", "persistent" or "all") whatever
+        the cadence (an emergency save at any step: ``tier="all"``).
         """
         if self._tiered is not None:
             return self._tiered.save(step, state, tier)
