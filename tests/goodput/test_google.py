@@ -113,3 +113,20 @@ def test_bad_google_lines_are_named(tmp_path: Path) -> None:
     warnings = read_ledger([path]).warnings
     assert warnings[0].startswith(f"{path}:4: Google log line skipped: unknown Google event_type")
     assert warnings[1].startswith(f"{path}:5: ") and "integer step" in warnings[1]
+
+
+def test_google_log_read_incrementally(tmp_path: Path) -> None:
+    from resiliency.goodput import LedgerReader  # noqa: PLC0415
+
+    path = tmp_path / "google.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in GOOGLE_LOG[:5]), encoding="utf-8")
+    reader = LedgerReader([path])
+    first = compute(reader.update(), 10.0)
+    assert [a.cause for a in first.attempts] == ["success"]  # terminated, not (yet) restarted
+    with path.open("a", encoding="utf-8") as stream:
+        stream.write("".join(json.dumps(x) + "\n" for x in GOOGLE_LOG[5:]))
+    again = compute(reader.update(), 10.0)
+    whole = compute(read_ledger([path]), 10.0)
+    assert [a.cause for a in again.attempts] == ["crash", "success"]
+    assert again.whole.seconds == whole.whole.seconds
+    assert again.google_figure == pytest.approx(0.20)

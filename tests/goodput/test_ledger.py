@@ -141,3 +141,25 @@ def test_progress_callback_reaches_the_total(tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
     read_ledger([path], progress=lambda done, total: seen.append((done, total)))
     assert seen and seen[-1][0] == seen[-1][1] == path.stat().st_size
+
+
+def test_incremental_reading_parses_only_what_was_appended(tmp_path: Path) -> None:
+    from resiliency.goodput import LedgerReader  # noqa: PLC0415
+
+    lines = [json.dumps(x) + "\n" for x in worked_example(dense=True)]
+    path = tmp_path / "n.jsonl"
+    path.write_text("".join(lines[:30]) + lines[30][:20], encoding="utf-8")  # a line half written
+    reader = LedgerReader([tmp_path])
+    first = reader.update()
+    assert not first.warnings  # the half-written line waits for the next update
+    assert first.lines == 30
+    with path.open("a", encoding="utf-8") as stream:
+        stream.write(lines[30][20:] + "".join(lines[31:]))
+    second = reader.update()
+    assert second.lines == len(lines) and not second.warnings
+    full = read_ledger([path])
+    assert second.steps == full.steps
+    assert [(e.time, e.event) for e in second.events] == [(e.time, e.event) for e in full.events]
+    assert compute(second).whole.seconds == compute(full).whole.seconds
+    assert reader.update().lines == len(lines)  # nothing new: nothing read twice
+    assert len(reader.update().steps) == len(full.steps)

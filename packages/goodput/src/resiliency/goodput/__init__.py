@@ -5,7 +5,7 @@ Stdlib only; matplotlib (the ``plot`` extra) only to draw timelines. See ``docs/
 
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
 from resiliency.goodput.errors import GoodputError, MissingDependencyError
-from resiliency.goodput.ledger import Event, Ledger, read_ledger
+from resiliency.goodput.ledger import Event, Ledger, LedgerReader, read_ledger
 from resiliency.goodput.recorder import DIR_ENV, Recorder, get_recorder, ledger_path
 from resiliency.goodput.schema import (
     EVENT_TYPES,
@@ -23,6 +23,7 @@ __all__ = [
     "Event",
     "GoodputError",
     "Ledger",
+    "LedgerReader",
     "MissingDependencyError",
     "Recorder",
     "Report",

@@ -14,7 +14,7 @@ from types import FrameType
 from resiliency.goodput._time import parse_duration
 from resiliency.goodput.calculator import compute
 from resiliency.goodput.errors import GoodputError
-from resiliency.goodput.ledger import read_ledger
+from resiliency.goodput.ledger import LedgerReader, read_ledger
 from resiliency.goodput.render import render_live, render_text
 
 PROGRESS_MIN_BYTES = 20 << 20  # ledgers larger than this show progress on stderr
@@ -121,9 +121,10 @@ def _watch(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     warned: set[str] = set()
+    reader = LedgerReader(args.paths)  # each update parses only what was appended
     while not stop:
         try:
-            ledger = read_ledger(args.paths)
+            ledger = reader.update()
             for warning in ledger.warnings:
                 if warning not in warned:
                     warned.add(warning)

@@ -72,6 +72,7 @@ def convert_google_line(obj: Any, log: GoogleLog) -> list[tuple[float, str, dict
         "node": str(rank if rank is not None else 0),
         "rank": None,
         "attempt": cycle,
+        "google": True,  # imported from Google's format
     }
     out: list[tuple[float, str, dict[str, Any]]] = []
     if kind == "user_scheduled":

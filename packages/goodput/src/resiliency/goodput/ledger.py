@@ -13,7 +13,7 @@ import itertools
 import json
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,35 +123,46 @@ class _FileReader:
         self.name = str(path)
         self.ledger = ledger
         self.warned = 0
+        self.warnings: list[str] = []
         self.google: bool | None = None
+        self.offset = 0  # bytes of whole lines read so far
+        self.lines = 0  # lines read so far
 
     def warn(self, line: int, message: str) -> None:
         self.warned += 1
         if self.warned <= MAX_WARNINGS_PER_FILE:
-            self.ledger.warnings.append(f"{self.name}:{line}: {message}")
+            self.warnings.append(f"{self.name}:{line}: {message}")
         elif self.warned == MAX_WARNINGS_PER_FILE + 1:
-            self.ledger.warnings.append(f"{self.name}: more problems; not shown")
+            self.warnings.append(f"{self.name}: more problems; not shown")
 
-    def read(self, progress: Callable[[int], None] | None) -> None:
-        number = 0  # lines before the current block
+    def read(self, progress: Callable[[int], None] | None, final: bool = True) -> None:
+        """Read what was appended since the last call.
+
+        Args:
+            progress: called with the bytes read.
+            final: also take a last line without its newline (and warn if it is cut); False
+                leaves it for the next call (a writer may be writing it).
+        """
         with self.path.open("rb") as stream:
+            stream.seek(self.offset)
             rest = b""
             while True:
                 data = stream.read(BLOCK_BYTES)
                 block = rest + data
                 if not data:
-                    if block:
-                        self._block(block, number, truncated=not block.endswith(b"\n"))
-                        number += block.count(b"\n") + (not block.endswith(b"\n"))
+                    if block and final:
+                        self._block(block, self.lines, truncated=not block.endswith(b"\n"))
+                        self.lines += block.count(b"\n") + (not block.endswith(b"\n"))
+                        self.offset += len(block)
                     break
                 cut = block.rfind(b"\n") + 1
                 block, rest = block[:cut], block[cut:]
                 if block:
-                    self._block(block, number, truncated=False)
-                    number += block.count(b"\n")
+                    self._block(block, self.lines, truncated=False)
+                    self.lines += block.count(b"\n")
+                    self.offset += len(block)
                 if progress is not None:
                     progress(len(data))
-        self.ledger.lines += number
 
     def _block(self, block: bytes, before: int, truncated: bool) -> None:
         """Parse a block of whole lines (the last one maybe without its newline)."""
@@ -290,10 +301,15 @@ def _finish_google(ledger: Ledger) -> None:
     That log marks progress only at saves, so a cycle that loads nothing gets a zero-length
     load of step 0 at its start (marked ``synthetic``) as its first progress mark.
     """
+    ledger.events = [ev for ev in ledger.events if not ev.data.get("synthetic")]
     loaded_cycles = {ev.attempt for ev in ledger.events if ev.event == "checkpoint_loaded"}
     added = []
     for ev in ledger.events:
-        if ev.event == "cycle_started" and ev.attempt not in loaded_cycles:
+        if (
+            ev.event == "cycle_started"
+            and ev.data.get("google")
+            and ev.attempt not in loaded_cycles
+        ):
             data = {
                 **ev.data,
                 "event": "checkpoint_loaded",
@@ -304,12 +320,67 @@ def _finish_google(ledger: Ledger) -> None:
                 "synthetic": True,
             }
             added.append(Event(ev.time, "checkpoint_loaded", data, ev.source, ev.line))
-    ends = [ev for ev in ledger.events if ev.event == "cycle_ended"]
-    starts = [ev for ev in ledger.events if ev.event == "cycle_started"]
+    ends = [ev for ev in ledger.events if ev.event == "cycle_ended" and ev.data.get("google")]
+    starts = [ev for ev in ledger.events if ev.event == "cycle_started" and ev.data.get("google")]
+    for ev in ends:
+        ev.data["cause"] = "crash"  # as imported; the last one is a success unless restarted
     if ends and (not starts or starts[-1].time <= ends[-1].time):
         ends[-1].data["cause"] = "success"
     ledger.events.extend(added)
     ledger.events.sort(key=lambda e: e.time)
+
+
+class LedgerReader:
+    """Reads ledger files incrementally: each `update` parses only what was appended.
+
+    Args:
+        paths: files or directories (their ``*.jsonl`` files, found again at every update).
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        self.paths = list(paths)
+        self.ledger = Ledger()
+        self._readers: dict[Path, _FileReader] = {}
+
+    def update(
+        self, progress: Callable[[int, int], None] | None = None, final: bool = False
+    ) -> Ledger:
+        """Read what the files gained since the last update; return the merged ledger.
+
+        Args:
+            progress: called with ``(bytes read, bytes to read)``.
+            final: also take (or warn about) a last line without its newline.
+        """
+        ledger = self.ledger
+        files = ledger_files(self.paths)
+        ledger.files = [str(f) for f in files]
+        for path in files:
+            if path not in self._readers:
+                self._readers[path] = _FileReader(path, ledger)
+        total = sum(max(f.stat().st_size - self._readers[f].offset, 0) for f in files)
+        done = 0
+
+        def advance(nbytes: int) -> None:
+            nonlocal done
+            done += nbytes
+            if progress is not None:
+                progress(done, total)
+
+        for path in files:
+            self._readers[path].read(advance if progress is not None else None, final)
+        ledger.lines = sum(r.lines for r in self._readers.values())
+        ledger.events.sort(key=lambda e: e.time)
+        if ledger.google is not None:
+            _finish_google(ledger)
+        ledger.steps.sort()
+        ledger.warnings = [w for r in self._readers.values() for w in r.warnings]
+        _check_clocks(ledger)
+        if len(ledger.jobs) > 1:
+            ledger.warnings.append(
+                f"the ledger holds several jobs ({', '.join(sorted(ledger.jobs))}); "
+                "they are computed as one timeline"
+            )
+        return ledger
 
 
 def read_ledger(
@@ -322,39 +393,4 @@ def read_ledger(
         paths: files or directories.
         progress: called with ``(bytes read, total bytes)`` as reading goes on.
     """
-    files = ledger_files(paths)
-    ledger = Ledger(files=[str(f) for f in files])
-    total = sum(f.stat().st_size for f in files)
-    done = 0
-
-    def advance(nbytes: int) -> None:
-        nonlocal done
-        done += nbytes
-        if progress is not None:
-            progress(done, total)
-
-    for path in files:
-        _FileReader(path, ledger).read(advance if progress is not None else None)
-    ledger.events.sort(key=lambda e: e.time)
-    if ledger.google is not None:
-        _finish_google(ledger)
-    ledger.steps.sort()
-    _check_clocks(ledger)
-    if len(ledger.jobs) > 1:
-        ledger.warnings.append(
-            f"the ledger holds several jobs ({', '.join(sorted(ledger.jobs))}); "
-            "they are computed as one timeline"
-        )
-    return ledger
-
-
-def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The valid JSON objects of one file, in file order (for tools and tests)."""
-    with path.open(encoding="utf-8") as stream:
-        for text in stream:
-            try:
-                obj = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
+    return LedgerReader(paths).update(progress, final=True)
