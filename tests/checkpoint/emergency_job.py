@@ -80,7 +80,7 @@ def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s"
     )
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=240))
     world = dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(16, 16))

@@ -66,7 +66,7 @@ def _start_two_nodes(tmp_path: Path, started: list[Launcher]) -> tuple[Launcher,
             "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", f"job-{port}",
             "--rdzv-conf",
-            "join_timeout=60,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2",
+            "join_timeout=240,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2",
             "--local-addr", "127.0.0.1",
             "--max-restarts", "2",
             "--monitor-interval", "0.1",
@@ -75,12 +75,11 @@ def _start_two_nodes(tmp_path: Path, started: list[Launcher]) -> tuple[Launcher,
             "--exit-status-file", str(tmp_path / f"status-{name}.json"),
             str(JOB), "--root", str(tmp_path), "--lead", str(LEAD),
         ]  # fmt: skip
-        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        node = Launcher(args, tmp_path / f"node-{name}.log", env=env)
+        node = Launcher(args, tmp_path / f"node-{name}.log")
         started.append(node)
         nodes.append(node)
         if name == "a":  # A hosts the rendezvous store: it must be up before B joins
-            node.wait_for_log("worker(s) on this node", 60)
+            node.wait_for_log("worker(s) on this node", 120)
     return nodes[0], nodes[1]
 
 
@@ -96,10 +95,10 @@ def test_sigterm_to_one_nodes_launcher(
         def log(self) -> str:
             return a.log() + b.log()
 
-    wait_for_files(tmp_path / "markers", "ready-*", 2, 90, _Logs())
+    wait_for_files(tmp_path / "markers", "ready-*", 2, 240, _Logs())
     time.sleep(delay)
     (a, b)[victim].signal(signal.SIGTERM)
-    codes = [a.wait(90), b.wait(90)]
+    codes = [a.wait(240), b.wait(240)]
     logs = a.log() + b.log()
     assert codes == [PREEMPTED_LAUNCHER_EXIT] * 2, logs[-10000:]
     assert "restarting" not in logs and "re-forming" not in logs, logs[-10000:]
@@ -123,8 +122,38 @@ def test_sigterm_to_one_nodes_launcher(
     # The next job resumes from the saved step.
     job = Job(tmp_path, ["--steps", str(step + 3), "--step-time", "0"], name="resume")
     try:
-        resume_codes = job.wait(60)
+        resume_codes = job.wait(240)
     finally:
         job.kill()
     assert resume_codes == [0, 0], job.log()[-8000:]
     assert resumed_step(job.log()) == step
+
+
+def test_sigterm_to_one_worker_of_a_single_node_launcher(
+    tmp_path: Path, launchers: list[Launcher]
+) -> None:
+    """Two workers under one launcher; SIGTERM reaches one worker only (not the launcher)."""
+    status = tmp_path / "status.json"
+    args = [
+        "--standalone",
+        "--nproc-per-node", "2",
+        "--max-restarts", "2",
+        "--monitor-interval", "0.1",
+        "--no-gpu-health-check",
+        "--exit-status-file", str(status),
+        str(JOB), "--root", str(tmp_path), "--lead", str(LEAD),
+    ]  # fmt: skip
+    launcher = Launcher(args, tmp_path / "node.log")
+    launchers.append(launcher)
+    wait_for_files(tmp_path / "markers", "ready-*", 2, 240, launcher)
+    victim = max(_worker_pids(tmp_path / "markers"))
+    os.kill(victim, signal.SIGTERM)
+    assert launcher.wait(240) == PREEMPTED_LAUNCHER_EXIT, launcher.log()[-10000:]
+    log = launcher.log()
+    assert "restarting" not in log, log[-10000:]
+    data = json.loads(status.read_text())
+    step = data["preempted_step"]
+    assert data["reason"] == "preempted" and "on 2 of 2 local worker(s)" in data["detail"], data
+    noticed = noticed_steps(log)
+    assert len(noticed) == 1 and step == noticed[0] + LEAD, (noticed, step)
+    assert committed_steps(tmp_path) == [step]

@@ -37,7 +37,7 @@ def _env(exit_dir: Path) -> dict[str, str]:
     return {EXIT_INFO_DIR_ENV: str(exit_dir), PREEMPTED_EXIT_CODE_ENV: str(PREEMPTED)}
 
 
-def _run_until_preempted(job: Job, timeout: float = 60) -> tuple[list[int], str]:
+def _run_until_preempted(job: Job, timeout: float = 240) -> tuple[list[int], str]:
     try:
         codes = job.wait(timeout)
     finally:
@@ -78,11 +78,13 @@ def test_sigterm_to_one_random_rank(tmp_path: Path, seed: int) -> None:
         env=_env(exit_dir),
     )
     try:
-        wait_for_files(tmp_path / "markers", "ready-*", 2, 60, job)
+        wait_for_files(tmp_path / "markers", "ready-*", 2, 240, job)
         time.sleep(delay)
         job.signal(victim, signal.SIGTERM)
-    finally:
-        codes, log = _run_until_preempted(job)
+    except BaseException:
+        job.kill()
+        raise
+    codes, log = _run_until_preempted(job)
     step = _assert_one_step_saved(tmp_path, exit_dir, codes, log)
     noticed = noticed_steps(log)
     assert len(noticed) == 1, log[-8000:]  # only the victim saw the signal
@@ -102,13 +104,15 @@ def test_signal_during_a_periodic_save_and_again_during_the_emergency_save(
     )
     markers = tmp_path / "markers"
     try:
-        wait_for_files(markers, "saving-1-*", 1, 60, job)
+        wait_for_files(markers, "saving-1-*", 1, 240, job)
         periodic = int(next(markers.glob("saving-1-*")).name.rsplit("-", 1)[1])
         job.signal(1, signal.SIGUSR1)  # during the periodic save of `periodic`
-        wait_for_files(markers, f"saving-0-{periodic + 2}", 1, 30, job)
+        wait_for_files(markers, f"saving-0-{periodic + 2}", 1, 120, job)
         job.signal(0, signal.SIGTERM)  # during the emergency save: must change nothing
-    finally:
-        codes, log = _run_until_preempted(job)
+    except BaseException:
+        job.kill()
+        raise
+    codes, log = _run_until_preempted(job)
     step = _assert_one_step_saved(tmp_path, exit_dir, codes, log)
     assert step == periodic + 2, log[-8000:]  # noticed right after the periodic save
     assert "got SIGUSR1 at step" in log

@@ -77,7 +77,7 @@ def main() -> int:
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=60)),
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=240)),
         max_steps=args.max_steps,
         callbacks=[ckpt, EmergencyCheckpointCallback(lead=args.lead), Ready(markers)],
         logger=False,
