@@ -101,7 +101,9 @@ class Job:
         self.launchers: dict[str, Launcher] = {}
         self.controller: Controller | None = None
 
-    def start_node(self, node: str, *, slow: bool = False, ecc: bool = False) -> Launcher:
+    def start_node(
+        self, node: str, *, slow: bool = False, ecc: bool = False, worker_args: tuple = ()
+    ) -> Launcher:
         env = {"RESILIENCY_GOODPUT_DIR": str(self.goodput), "SUPERVISOR_TEST_SLOW": str(int(slow))}
         if ecc:
             state = self.tmp / f"nvml-{node}.json"
@@ -124,7 +126,7 @@ class Job:
             "--local-addr",
             "127.0.0.1",
             "--max-restarts",
-            "3",
+            "8",
             "--restart-policy",
             "min-healthy",
             *FAST_FT_FLAGS,
@@ -143,6 +145,7 @@ class Job:
             str(self.steps),
             "--step-s",
             "0.05",
+            *worker_args,
         ]
         launcher = Launcher(args, self.tmp / f"node-{node}.log", env=env)
         self.launchers[node] = launcher

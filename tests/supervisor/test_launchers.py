@@ -188,6 +188,21 @@ def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(job_factory,
     assert a.wait(120) == 0, a.log()
 
 
+def test_the_same_root_cause_three_cycles_in_a_row_stops_the_job(job_factory):
+    job = job_factory("1", "tcp")
+    a = job.start_node("a", worker_args=("--crash-after-steps", "5"))
+    controller = job.start_controller()
+    assert a.wait(180) == 3, a.log()  # stopped on purpose, long before 8 restarts ran out
+    match = controller.wait_for_log(
+        r"supervisor decision: shutdown node a \(policy repeated_failure\): 3 cycles in a row "
+        r"failed with the same root cause: exit:1; evidence: (\{.*\})",
+        10,
+    )
+    assert [f["cause"] for f in json.loads(match.group(1))["failures"]] == ["exit:1"] * 3
+    assert "supervisor (repeated_failure)" in a.log()
+    assert "restarts: 8" not in a.log()
+
+
 def _wait_for(condition, timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

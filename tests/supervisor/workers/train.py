@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.1)
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--report-s", type=float, default=1.0)
+    parser.add_argument(
+        "--crash-after-steps",
+        type=int,
+        default=None,
+        help="exit 1 after this many steps of every run (the same root cause)",
+    )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     markers = Path(args.marker_dir)
@@ -55,6 +62,8 @@ def main() -> None:
         client.send_heartbeat()
         rec.step(step)
         progress.write_text(str(step + 1))
+        if args.crash_after_steps is not None and step + 1 - first >= args.crash_after_steps:
+            sys.exit(1)
         window_steps += 1
         elapsed = time.monotonic() - window_start
         if elapsed >= args.report_s:
