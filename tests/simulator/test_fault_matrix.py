@@ -43,7 +43,7 @@ LAUNCHER_FLAGS = [
     "--ft-workload-check-interval",
     "0.1",
     "--ft-rank-heartbeat-timeout",
-    "2",
+    "5",
     "--ft-initial-rank-heartbeat-timeout",
     "60",
     "--ft-stack-dump-timeout",
@@ -96,7 +96,7 @@ def simulate(tmp_path: Path) -> Iterator[Callable[..., Run]]:
         steps: int = STEPS,
         ckpt_every: int = 5,
         restart_nodes_after_s: float | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 300.0,
         tag: str = "",
     ) -> Run:
         job_id = f"matrix-{uuid.uuid4().hex[:8]}"

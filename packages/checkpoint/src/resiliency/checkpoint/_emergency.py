@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import signal
 import sys
@@ -63,6 +64,8 @@ logger = logging.getLogger(__name__)
 PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
 EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
 TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
+#: One byte in the exit-info directory, 1 while ft-launcher itself stops the workers.
+STOP_MARK_FILE = "launcher_stopping"
 
 SaveFn = Callable[[int, Any], Any]
 
@@ -87,6 +90,19 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _map_stop_mark() -> mmap.mmap | None:
+    """Map ft-launcher's one-byte "the launcher is stopping these workers" mark, if there is one."""
+    directory = os.environ.get(EXIT_INFO_DIR_ENV)
+    if not directory:
+        return None
+    try:
+        with open(os.path.join(directory, STOP_MARK_FILE), "rb") as fh:
+            return mmap.mmap(fh.fileno(), 1, prot=mmap.PROT_READ)
+    except (OSError, ValueError) as exc:  # an older launcher, or no mark: every SIGTERM counts
+        logger.debug("no launcher stop mark in %s: %s", directory, exc)
+        return None
 
 
 class EmergencyCheckpoint:
@@ -164,6 +180,7 @@ class EmergencyCheckpoint:
         self._stop: StopRecord | None = None
         self._store_error_logged = False
         self._previous: dict[signal.Signals, Any] = {}
+        self._stop_mark = _map_stop_mark()
         self._install(warn_on_replace)
 
     @staticmethod
@@ -229,7 +246,14 @@ class EmergencyCheckpoint:
                 )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only record: no I/O, no lock, no collective in a signal handler.
+        # Only record: no I/O, no lock, no collective in a signal handler. The one exception
+        # reads a byte of memory: ft-launcher sets it while it stops the workers itself (a
+        # restart after a failure), and then this SIGTERM is no preemption: die as without us,
+        # instead of holding the restart up with a save its peers cannot join.
+        if self._stop_mark is not None and self._stop_mark[0] == 1:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
         if self._signum is None:
             self._signum = signum
             self._signal_wall = time.time()
@@ -240,6 +264,9 @@ class EmergencyCheckpoint:
 
     def close(self) -> None:
         """Restore the signal handlers that were installed before this object (idempotent)."""
+        if self._stop_mark is not None:
+            self._stop_mark.close()
+            self._stop_mark = None
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)

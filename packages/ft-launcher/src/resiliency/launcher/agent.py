@@ -30,7 +30,12 @@ from resiliency.launcher.health import HealthCheck, run_health_checks
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState, RestartPolicy
-from resiliency.launcher.preemption import Preemption, env_for, is_preempted
+from resiliency.launcher.preemption import (
+    Preemption,
+    env_for,
+    is_preempted,
+    launcher_stopping,
+)
 from resiliency.launcher.shared_state import SharedRoundState
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
@@ -172,6 +177,7 @@ class FtElasticAgent(CompatAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._monitors.start_all()
+        launcher_stopping(self._settings.preemption, False)
         pids: dict[int, Any] = super()._start_workers(worker_group)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
         self._cycle = self._new_cycle()
@@ -190,6 +196,8 @@ class FtElasticAgent(CompatAgent):
         return pids
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        # A stop of our own (restart, failure), not a preemption: no emergency save.
+        launcher_stopping(self._settings.preemption, True)
         self._shutdown(timeout=self._settings.workers_stop_timeout)  # type: ignore[arg-type]
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:

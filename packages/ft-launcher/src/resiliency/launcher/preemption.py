@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -39,6 +40,9 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later", as a requeued job wi
 PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
 EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
 TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
+#: One byte in the exit-info directory that workers map: 1 while this launcher stops them itself
+#: (a restart, a failure), so their emergency handler tells that SIGTERM from a preemption.
+STOP_MARK_FILE = "launcher_stopping"
 
 # Exit codes a worker stopped by the launcher itself can show next to the ones that saved.
 _STOPPED_BY_LAUNCHER = {0, -int(signal.SIGTERM), -int(signal.SIGKILL)}
@@ -55,6 +59,19 @@ class Preemption:
         self.term_timeout = term_timeout
         self.directory = Path(tempfile.mkdtemp(prefix="ft-exit-"))  # mode 0700
         self.step: int | None = None
+        self._mark = self.directory / STOP_MARK_FILE
+        self._mark.write_bytes(b"\0")
+
+    def launcher_stopping(self, stopping: bool) -> None:
+        """Set the stop mark the workers read in their SIGTERM handler (a byte in page cache)."""
+        try:
+            fd = os.open(self._mark, os.O_WRONLY)
+            try:
+                os.pwrite(fd, b"\1" if stopping else b"\0", 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            logger.warning("cannot set the workers' stop mark %s: %s", self._mark, exc)
 
     def worker_env(self) -> dict[str, str]:
         """The environment every worker gets."""
@@ -134,6 +151,12 @@ def clean_up(preemption: Preemption | None) -> None:
     """Remove the exit-info directory, if any."""
     if preemption is not None:
         preemption.close()
+
+
+def launcher_stopping(preemption: Preemption | None, stopping: bool) -> None:
+    """Tell the workers whether the next SIGTERM is the launcher's own stop (not a preemption)."""
+    if preemption is not None:
+        preemption.launcher_stopping(stopping)
 
 
 def env_for(preemption: Preemption | None) -> dict[str, str]:
