@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,18 @@ class Observation:
     ttl: float = 0.0
     now: float = field(default_factory=time.time)
 
+    @cached_property
+    def _owners(self) -> dict[int, str]:
+        return {
+            rank: node
+            for node, view in self.nodes.items()
+            if view.status.state in _ACTIVE
+            for rank in view.status.ranks
+        }
+
     def owner_of(self, rank: int) -> str | None:
-        """The node whose workers include global rank ``rank``."""
-        for node, view in self.nodes.items():
-            if rank in view.status.ranks and view.status.state in _ACTIVE:
-                return node
-        return None
+        """The running node whose workers include global rank ``rank``."""
+        return self._owners.get(rank)
 
 
 @dataclass(frozen=True)
