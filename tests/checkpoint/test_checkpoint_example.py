@@ -20,7 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "checkpoint_ddp.py"
 
 def _run(ckpt: Path, *extra: str) -> str:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    argv += ["--master-port", "0", str(EXAMPLE), "--ckpt-dir", str(ckpt), *extra]
+    argv += ["--standalone", str(EXAMPLE), "--ckpt-dir", str(ckpt), *extra]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -10,6 +10,7 @@ storage records of the file-system writer); nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import zlib
 from collections.abc import Iterator
@@ -54,8 +55,11 @@ def to_state_dict(state: dict[str, Any]) -> dict[str, Any]:
 class Plan:
     """This rank's final DCP save plan and the planner that resolves its items."""
 
-    def __init__(self, planner: DefaultSavePlanner, plan: SavePlan, metadata: Metadata | None):
+    def __init__(
+        self, planner: DefaultSavePlanner, plan: SavePlan, metadata: Metadata | None, version: int
+    ) -> None:
         self.planner = planner
+        self.version = version  # changes whenever the plan (and so the staging layout) does
         self.plan = plan
         self.metadata = metadata  # the global metadata, on the coordinator only
 
@@ -73,27 +77,80 @@ class Plan:
         return data.detach()
 
 
+class PlanCache:
+    """The last final plan, reused while the state's structure is the same on every rank."""
+
+    def __init__(self) -> None:
+        self.key = 0
+        self.plan: SavePlan | None = None
+        self.metadata: Metadata | None = None
+        self.version = 0
+
+
+def _structure_key(flat: dict[str, Any]) -> int:
+    """A 62-bit digest of the flattened state's names, kinds, dtypes and shapes."""
+    parts = []
+    for name, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            parts.append(f"{name}|{type(value).__name__}|{value.dtype}|{tuple(value.shape)}")
+        else:
+            parts.append(f"{name}|obj")
+    digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
+
+
 def make_plan(
     state_dict: dict[str, Any],
     group: dist.ProcessGroup | None,
     extra: dict[str, Any],
     decide: Any,
+    cache: PlanCache | None = None,
 ) -> tuple[Plan | None, dict[str, Any]]:
     """Plan a save across the group, as ``dcp.save`` does, plus a coordinator decision.
 
-    ``decide()`` runs on the coordinator before the global plan and returns a dict broadcast to
-    every rank with the plans (e.g. the nonce, or a skip). A failure on any rank becomes an
-    ``"error"`` entry on every rank; nothing hangs. Returns ``(plan or None, decision)``.
+    ``decide()`` runs on the coordinator first and returns ``{"nonce": int}``, ``{"skip":
+    True}`` or ``{"error": str}``; every rank gets it. When every rank's state has the same
+    structure as at the previous save, the cached plan is reused and the whole exchange is one
+    all-reduce of five integers; otherwise DCP's gather/scatter of plans runs. A failure on any
+    rank becomes an ``"error"`` on every rank; nothing hangs. Returns ``(plan, decision)``.
     """
     rank = dist.get_rank(group) if group is not None else 0
     world = dist.get_world_size(group) if group is not None else 1
+    cache = cache if cache is not None else PlanCache()
     planner = DefaultSavePlanner()
-    local: Any
+    key = -1
+    setup_error = ""
     try:
         planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=rank == 0)
-        local = planner.create_local_plan()
+        key = _structure_key(planner.state_dict)
     except Exception as exc:
-        local = f"rank {rank}: planning failed: {exc!r}"
+        setup_error = f"rank {rank}: planning failed: {exc!r}"
+    first: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            first = dict(decide())
+        except Exception as exc:
+            first = {"error": f"rank 0: could not prepare the step: {exc!r}"}
+    hit = int(key >= 0 and cache.plan is not None and cache.key == key)
+    code = 2 if first.get("error") else (1 if first.get("skip") else 0)
+    low = -(1 << 62)
+    vec = [key, -key, -hit, code if rank == 0 else low, first.get("nonce", 0) if rank == 0 else low]
+    if group is not None:
+        t = torch.tensor(vec, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        vec = [int(x) for x in t]
+    same, all_hit = vec[0] == -vec[1] and vec[0] >= 0, vec[2] == -1
+    if vec[3] == 1:
+        return None, {"skip": True}
+    if same and all_hit and vec[3] == 0 and not setup_error:
+        assert cache.plan is not None
+        return Plan(planner, cache.plan, cache.metadata, cache.version), {"nonce": vec[4]}
+    local: Any = setup_error
+    if not local:
+        try:
+            local = planner.create_local_plan()
+        except Exception as exc:
+            local = f"rank {rank}: planning failed: {exc!r}"
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     if group is not None:
         dist.gather_object(local, gathered, dst=dist.get_global_rank(group, 0), group=group)
@@ -110,8 +167,8 @@ def make_plan(
             decision = {"error": "; ".join(errors)}
         else:
             try:
-                decision = dict(decide())
-                if not decision.get("skip"):
+                decision = first
+                if not decision.get("error"):
                     plans, metadata = planner.create_global_plan(gathered)
                     plans = FileSystemWriter(extra["path"]).prepare_global_plan(plans)
             except Exception as exc:
@@ -129,10 +186,12 @@ def make_plan(
         assert scattered is not None
         received = [scattered[0]]
     central, decision = received[0]
-    if decision.get("error") or decision.get("skip") or central is None:
+    if decision.get("error") or central is None:
         return None, decision
     final = planner.finish_plan(central)
-    return Plan(planner, final, metadata), decision
+    cache.key, cache.plan, cache.metadata = key, final, metadata
+    cache.version += 1
+    return Plan(planner, final, metadata, cache.version), decision
 
 
 def item_to_json(item: WriteItem, offset: int, nbytes: int) -> dict[str, Any]:

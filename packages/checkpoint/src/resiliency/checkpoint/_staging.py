@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 ALIGN = 64
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
+    """Round ``n`` up to the arena's alignment."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -62,7 +63,7 @@ class Arena:
         """Make the arena hold ``size`` bytes; return True when it was (re)allocated."""
         if size <= self.size and self._map is not None:
             return False
-        new_size = max(_align(size), 1 << 20)
+        new_size = max(align(size), 1 << 20)
         self.close()
         self.fd = _anonymous_fd(new_size)
         self._map = mmap.mmap(self.fd, new_size, flags=mmap.MAP_SHARED)
@@ -119,24 +120,33 @@ def layout(values: list[Any]) -> tuple[list[Slot], int]:
             value.numel() * value.element_size() if isinstance(value, torch.Tensor) else len(value)
         )
         slots.append(Slot(offset, nbytes))
-        offset += _align(max(nbytes, 1))
+        offset += align(max(nbytes, 1))
     return slots, offset
 
 
-def stage(arena: Arena, values: list[Any], slots: list[Slot]) -> None:
-    """Copy every value into its slot; CUDA copies are asynchronous with one final sync."""
+def stage(
+    arena: Arena, values: list[Any], slots: list[Slot], views: list[Any] | None = None
+) -> None:
+    """Copy every value into its slot (``views``: the staged tensors, None for bytes).
+
+    CUDA copies are asynchronous, with one synchronization at the end.
+    """
+    if views is None:
+        views = [
+            arena.view(s, v.dtype, v.shape) if isinstance(v, torch.Tensor) else None
+            for s, v in zip(slots, values, strict=True)
+        ]
     cuda = False
-    for value, slot in zip(values, slots, strict=True):
-        if isinstance(value, torch.Tensor):
-            if value.is_cuda:
-                if not cuda:
-                    arena.pin()
-                cuda = True
-                arena.view(slot, value.dtype, value.shape).copy_(value, non_blocking=True)
-            else:
-                arena.view(slot, value.dtype, value.shape).copy_(value)
-        else:
+    for value, slot, view in zip(values, slots, views, strict=True):
+        if view is None:
             arena.write_bytes(slot, value)
+        elif value.is_cuda:
+            if not cuda:
+                arena.pin()
+            cuda = True
+            view.copy_(value, non_blocking=True)
+        else:
+            view.copy_(value)
     if cuda:
         torch.cuda.synchronize()
 

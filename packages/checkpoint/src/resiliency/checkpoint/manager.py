@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -131,6 +132,11 @@ class CheckpointManager:
         self._arena = _staging.Arena()
         self._writer: WriterProcess | None = WriterProcess()
         self._inflight: Save | None = None
+        self._plan_cache = _dcp.PlanCache()
+        self._staging_key: tuple[int, int] | None = None
+        self._staging_views: list[Any] = []
+        self._staging_json: list[dict[str, Any]] = []
+        self._staging_end = 0
         self._closed = False
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
@@ -208,11 +214,13 @@ class CheckpointManager:
         def decide() -> dict[str, Any]:
             if _layout.step_dir(self.root, step).exists():
                 return {"skip": True}
-            nonce = secrets.token_hex(6)
-            _layout.tmp_dir(self.root, step, nonce).mkdir()
+            nonce = secrets.randbits(48)
+            _layout.tmp_dir(self.root, step, f"{nonce:012x}").mkdir()
             return {"nonce": nonce}
 
-        plan, decision = _dcp.make_plan(state_dict, self._group, {"path": self.root}, decide)
+        plan, decision = _dcp.make_plan(
+            state_dict, self._group, {"path": self.root}, decide, self._plan_cache
+        )
         if decision.get("error"):
             _events.emit(
                 "checkpoint_save_failed", step=step, tier=self.tier, error=decision["error"]
@@ -221,7 +229,7 @@ class CheckpointManager:
         if decision.get("skip") or plan is None:
             logger.info("step %d is already committed under %s; not saved again", step, self.root)
             return SaveHandle(self, None, step)
-        nonce = str(decision["nonce"])
+        nonce = f"{int(decision['nonce']):012x}"
         save = Save(
             step=step,
             nonce=nonce,
@@ -288,11 +296,31 @@ class CheckpointManager:
         assert writer is not None
         items = plan.items()
         values = [plan.resolve(item) for item in items]
-        slots, total = _staging.layout(values)
-        self._arena.ensure(total)
+        # Tensor slots (and their views) depend only on the plan: computed once per plan and
+        # arena; the few serialized objects, whose sizes may vary, go after the tensors.
+        if self._staging_key != (plan.version, self._arena.generation):
+            tensors = [v if isinstance(v, torch.Tensor) else b"" for v in values]
+            self._staging_slots, self._staging_end = _staging.layout(tensors)
+            self._staging_views = []
+        slots = list(self._staging_slots)
+        offset = self._staging_end
+        for i, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                slots[i] = _staging.Slot(offset, len(value))
+                offset += _staging.align(max(len(value), 1))
+        if self._arena.ensure(offset) or not self._staging_views:
+            self._staging_json = [
+                _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                for item, slot in zip(items, slots, strict=True)
+            ]
+            self._staging_views = [
+                self._arena.view(slot, v.dtype, v.shape) if isinstance(v, torch.Tensor) else None
+                for slot, v in zip(slots, values, strict=True)
+            ]
+            self._staging_key = (plan.version, self._arena.generation)
         if writer.arena_generation != self._arena.generation:
             writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
-        _staging.stage(self._arena, values, slots)
+        _staging.stage(self._arena, values, slots, self._staging_views)
         del values
         writer.send(
             {
@@ -301,8 +329,10 @@ class CheckpointManager:
                 "dir": str(save.tmp),
                 "prefix": plan.prefix,
                 "items": [
-                    _dcp.item_to_json(item, slot.offset, slot.nbytes)
-                    for item, slot in zip(items, slots, strict=True)
+                    d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                    for d, view, item, slot in zip(
+                        self._staging_json, self._staging_views, items, slots, strict=True
+                    )
                 ],
             }
         )
