@@ -33,7 +33,9 @@ def test_hang_before_first_heartbeat_is_restarted(launch, marker_dir: Path, tmp_
         _args(
             "hang_before_hb",
             marker_dir,
-            "--ft-initial-rank-heartbeat-timeout",
+            # The worker hangs before init_workload_monitoring(): the startup timer's job (issue
+            # 10; formerly the initial-heartbeat timer, which now starts at the connection).
+            "--ft-rank-startup-timeout",
             "3",
             "--exit-status-file",
             str(status),
@@ -42,7 +44,7 @@ def test_hang_before_first_heartbeat_is_restarted(launch, marker_dir: Path, tmp_
     assert launcher.wait(40) == 0, launcher.log()
     assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
     log = launcher.log()
-    assert "rank 1 (local rank 1" in log and "hung: initial" in log
+    assert "rank 1 (local rank 1" in log and "hung: startup" in log
     verdict = json.loads(status.read_text())
     assert verdict["exit_code"] == 0 and verdict["restarts"] == 1
     assert verdict["hangs_detected"] == 1
