@@ -265,11 +265,37 @@ def _gpu(ax: Axes, fig: dict[str, Figure]) -> None:
     _bars_panel(ax, rows, "%", "CUPTI profiling overhead (GPU)", (0, max(values) * 1.4), False)
 
 
+def _goodput(ax: Axes, fig: dict[str, Figure]) -> None:
+    """The goodput figures have different units: each is drawn as a share of its target."""
+    rows = []
+    for key, name in (("goodput.report", "report on the ledger"), ("goodput.step", "step()")):
+        f = fig.get(key)
+        if f is None or f.target is None or f.stats.median is None:
+            continue
+        scale = 100.0 / f.target
+        s = f.stats
+        stats = Stats(
+            s.median * scale,
+            None if s.low is None else s.low * scale,
+            None if s.high is None else s.high * scale,
+            s.n,
+        )
+        target_text = f"{f.target:g} {f.unit} = 100 %"
+        label = name
+        if "events" in f.extra:  # the report's target is for a million events
+            label += f", {f.extra['events']:,} events"
+            target_text += "" if f.extra["events"] >= 1_000_000 else " for 1M events"
+        rows.append(Row(f"{label} ({num(s.median)} {f.unit})", stats, OURS, 100.0, target_text))
+    values = [v for v in _extremes(rows) if v is not None] + [100.0]
+    _bars_panel(ax, rows, "% of target", "resiliency-goodput", (0, max(values) * 1.3), False)
+
+
 PANELS: list[tuple[str, Callable[[Axes, dict[str, Figure]], None]]] = [
     ("hot path", _hot_path),
     ("hang detection", _hang),
     ("launcher", _launcher),
     ("scoring", _scoring),
+    ("goodput", _goodput),
     ("GPU", _gpu),
 ]
 
