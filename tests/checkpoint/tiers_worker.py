@@ -74,7 +74,7 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     (out / f"pid-{rank}-{os.getpid()}").touch()
-    (out / f"place-{args.tag}-a{attempt}-{Path(local_dir).name}-g{node}").touch()
+    (out / f"place-{args.tag}-p{os.getpid()}-g{node}-{Path(local_dir).name}").touch()
     _replicate.CHUNK_BYTES = 64 << 10  # several chunks per shard: a kill lands mid-transfer
     if args.kill_in_replication >= 0 and node == args.kill_node and attempt == 0:
         real_wait = _replicate._Link.wait
