@@ -97,7 +97,7 @@ def test_sampling_interval(tmp_path: Path) -> None:
         recorder.step(n)
     recorder.close()
     sampled = len(_lines(recorder.path))
-    assert 3 <= sampled <= 15 and n > 1000, (sampled, n)
+    assert 2 <= sampled <= 15 and n > 1000, (sampled, n)  # <= 0.5 s / 0.05 s + first + last
 
 
 def test_rank_other_than_zero_records_no_steps(tmp_path: Path) -> None:
