@@ -23,6 +23,7 @@ from resiliency.ptl.fault_tolerance_sections import (
     shutdown_on,
 )
 from resiliency.ptl.ft_state import FT_STATE_FILE_NAME
+from resiliency.ptl.local_checkpoint import LocalCheckpointCallback
 from resiliency.ptl.simulated_fault import SimulatedFaultParams
 from resiliency.ptl.straggler_detection import StragglerDetectionCallback
 
@@ -40,6 +41,7 @@ __all__ = [
     "FaultToleranceCallback",
     "FaultToleranceSectionsCallback",
     "LauncherRequiredError",
+    "LocalCheckpointCallback",
     "PtlResiliencyError",
     "SimulatedFaultParams",
     "StragglerDetectionCallback",

@@ -1,0 +1,65 @@
+"""LocalCheckpointCallback on a real 2-rank Lightning DDP Trainer (CPU, gloo): local every 2
+steps with a replica on the other rank's "node", persistent every 5; resume after one node's
+local directory is wiped comes from the replica at the newest local step."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resiliency.ptl import CheckpointCallbackConfigError, LocalCheckpointCallback
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).resolve().parent / "ptl_tiers_job.py"
+
+
+def _fit(work: Path, max_steps: int) -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
+        env.pop(var, None)
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), "--work-dir", str(work), "--max-steps", str(max_steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        out = proc.communicate(timeout=240)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-6000:]
+    line = next(x for x in out.splitlines() if x.startswith("PTL_TIERS_RESULT "))
+    return json.loads(line.removeprefix("PTL_TIERS_RESULT "))
+
+
+def test_bad_interval_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointCallbackConfigError):
+        LocalCheckpointCallback(tmp_path, local_ckpt_interval=0)
+
+
+def test_resume_from_a_peer_replica_after_a_node_lost_its_local_dir(tmp_path: Path) -> None:
+    first = _fit(tmp_path, 8)
+    assert first["resumed_from"] is None and first["global_step"] == 8
+    assert sorted(p.name for p in (tmp_path / "persistent").glob("step_*")) == ["step_000000005"]
+    assert sorted(p.name for p in (tmp_path / "node0" / "step_000000008").iterdir()) == [
+        "shard_0",
+        "shard_1",
+    ]
+    shutil.rmtree(tmp_path / "node1")
+    second = _fit(tmp_path, 10)
+    assert second["resumed_from"] == 8  # the local step (via node 0's replica), not persistent 5
+    assert second["global_step"] == 10
