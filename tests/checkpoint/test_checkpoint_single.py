@@ -147,3 +147,15 @@ def test_invalid_arguments_are_rejected(tmp_path: Path):
     for kwargs in ({"keep_last": 0}, {"keep_every": 0}, {"writer_timeout_s": 0}):
         with pytest.raises(ValueError):
             CheckpointManager(tmp_path, **kwargs)
+
+
+def test_a_changed_structure_is_planned_again(manager: CheckpointManager):
+    manager.save(1, {"x": torch.ones(4), "lr": 0.1}).wait()
+    version = manager._plan_cache.version
+    manager.save(2, {"x": torch.full((4,), 2.0), "lr": 0.2}).wait()  # same structure: reused
+    assert manager._plan_cache.version == version
+    manager.save(3, {"x": torch.full((8,), 3.0), "lr": 0.3}).wait()  # new shape: new plan
+    assert manager._plan_cache.version == version + 1
+    target = {"x": torch.zeros(8), "lr": 0.0}
+    assert manager.load(target) == 3
+    assert bool((target["x"] == 3).all()) and target["lr"] == 0.3

@@ -10,10 +10,11 @@ storage records of the file-system writer); nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -104,14 +105,21 @@ def make_plan(
     group: dist.ProcessGroup | None,
     extra: dict[str, Any],
     decide: Any,
+    *,
     cache: PlanCache | None = None,
+    early: Callable[[Plan], None] | None = None,
 ) -> tuple[Plan | None, dict[str, Any]]:
     """Plan a save across the group, as ``dcp.save`` does, plus a coordinator decision.
 
     ``decide()`` runs on the coordinator first and returns ``{"nonce": int}``, ``{"skip":
-    True}`` or ``{"error": str}``; every rank gets it. When every rank's state has the same
-    structure as at the previous save, the cached plan is reused and the whole exchange is one
-    all-reduce of five integers; otherwise DCP's gather/scatter of plans runs. A failure on any
+    True}`` or ``{"error": str}``; every rank gets it. When every rank's own state has the same
+    structure (names, dtypes, shapes) as at the previous planned save, every local plan and so
+    the global plan are unchanged: the cached plan is reused and the whole exchange is one
+    all-reduce of three integers; otherwise DCP's gather/scatter of plans runs. With ``early``,
+    a rank whose own cache hits calls ``early(plan)`` (the staging copy) while that all-reduce
+    is in flight, so the collective's latency hides behind the copy; the returned plan is then
+    that same object (when another rank missed, a new plan is made and ``early``'s work is
+    simply redone by the caller). A failure on any
     rank becomes an ``"error"`` on every rank; nothing hangs. Returns ``(plan, decision)``.
     """
     rank = dist.get_rank(group) if group is not None else 0
@@ -134,17 +142,23 @@ def make_plan(
     hit = int(key >= 0 and cache.plan is not None and cache.key == key)
     code = 2 if first.get("error") else (1 if first.get("skip") else 0)
     low = -(1 << 62)
-    vec = [key, -key, -hit, code if rank == 0 else low, first.get("nonce", 0) if rank == 0 else low]
+    vec = [-hit, code if rank == 0 else low, first.get("nonce", 0) if rank == 0 else low]
+    optimistic = None
+    if hit and not setup_error:
+        optimistic = Plan(planner, cache.plan, cache.metadata, cache.version)  # type: ignore[arg-type]
     if group is not None:
         t = torch.tensor(vec, dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        if optimistic is not None and early is not None:
+            with contextlib.suppress(Exception):  # a failure is met again by the caller
+                early(optimistic)
+        work.wait()
         vec = [int(x) for x in t]
-    same, all_hit = vec[0] == -vec[1] and vec[0] >= 0, vec[2] == -1
-    if vec[3] == 1:
+    all_hit = vec[0] == -1  # the minimum of every rank's hit
+    if vec[1] == 1:
         return None, {"skip": True}
-    if same and all_hit and vec[3] == 0 and not setup_error:
-        assert cache.plan is not None
-        return Plan(planner, cache.plan, cache.metadata, cache.version), {"nonce": vec[4]}
+    if all_hit and vec[1] == 0 and optimistic is not None:
+        return optimistic, {"nonce": vec[2]}
     local: Any = setup_error
     if not local:
         try:

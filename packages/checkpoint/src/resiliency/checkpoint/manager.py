@@ -136,6 +136,9 @@ class CheckpointManager:
         self._staging_key: tuple[int, int] | None = None
         self._staging_views: list[Any] = []
         self._staging_json: list[dict[str, Any]] = []
+        self._staged_for: _dcp.Plan | None = None
+        self._staged_items: list[Any] = []
+        self._staged_slots: list[_staging.Slot] = []
         self._staging_end = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -219,7 +222,12 @@ class CheckpointManager:
             return {"nonce": nonce}
 
         plan, decision = _dcp.make_plan(
-            state_dict, self._group, {"path": self.root}, decide, self._plan_cache
+            state_dict,
+            self._group,
+            {"path": self.root},
+            decide,
+            cache=self._plan_cache,
+            early=None if writer_error else self._stage,
         )
         if decision.get("error"):
             _events.emit(
@@ -294,6 +302,30 @@ class CheckpointManager:
     def _stage_and_send(self, save: Save, plan: _dcp.Plan) -> None:
         writer = self._writer
         assert writer is not None
+        if self._staged_for is not plan:  # not staged early (the plan changed, or no writer)
+            self._stage(plan)
+        self._staged_for = None
+        items, slots = self._staged_items, self._staged_slots
+        if writer.arena_generation != self._arena.generation:
+            writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
+        writer.send(
+            {
+                "type": "save",
+                "job": save.nonce,
+                "dir": str(save.tmp),
+                "prefix": plan.prefix,
+                "items": [
+                    d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                    for d, view, item, slot in zip(
+                        self._staging_json, self._staging_views, items, slots, strict=True
+                    )
+                ],
+            }
+        )
+
+    def _stage(self, plan: _dcp.Plan) -> None:
+        """Copy this rank's share of the state into the arena (the only large cost of save)."""
+        self._staged_for = None
         items = plan.items()
         values = [plan.resolve(item) for item in items]
         # Tensor slots (and their views) depend only on the plan: computed once per plan and
@@ -318,24 +350,10 @@ class CheckpointManager:
                 for slot, v in zip(slots, values, strict=True)
             ]
             self._staging_key = (plan.version, self._arena.generation)
-        if writer.arena_generation != self._arena.generation:
-            writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
         _staging.stage(self._arena, values, slots, self._staging_views)
         del values
-        writer.send(
-            {
-                "type": "save",
-                "job": save.nonce,
-                "dir": str(save.tmp),
-                "prefix": plan.prefix,
-                "items": [
-                    d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
-                    for d, view, item, slot in zip(
-                        self._staging_json, self._staging_views, items, slots, strict=True
-                    )
-                ],
-            }
-        )
+        self._staged_items, self._staged_slots = items, slots
+        self._staged_for = plan
 
     # ------------------------------------------------------------------ agreement
     def _resolve(self, save: Save, timeout: float | None) -> None:
