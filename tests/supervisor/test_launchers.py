@@ -65,8 +65,8 @@ def _slow_node_scenario(job: Job) -> None:
     a = job.start_node("a")
     controller = job.start_controller()
     b = job.start_node("b", slow=True)
-    c = job.start_node("c")  # the spare: --nnodes 2:2, it waits in the rendezvous
     _wait_running(job, ["a", "b"])
+    c = job.start_node("c")  # the spare: --nnodes 2:2, it waits in the rendezvous
     # The status CLI shows every node: a and b running, the spare c waiting.
     deadline = time.monotonic() + 30
     while True:
