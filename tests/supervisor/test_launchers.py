@@ -112,7 +112,7 @@ def _slow_node_scenario(job: Job) -> None:
     assert c.wait(120) == 0, c.log()
     done = sorted(p.name.rsplit("-", 1)[0] for p in job.markers.glob("done-*"))
     assert done == ["done-0", "done-1"], done
-    (decision,) = [d for d in job.decisions() if d["node"] == "b"]
+    (decision,) = [d for d in job.decisions() if d["target"] == "b"]
     assert decision["action"] == "exclude" and decision["policy"] == "straggler"
     assert decision["evidence"]["threshold"] == 0.7
 

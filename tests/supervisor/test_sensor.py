@@ -127,7 +127,7 @@ def test_uncorrectable_ecc_excludes_the_node_at_once(backend_url: str, fake_nvml
     rec.close()
     lines = [json.loads(x) for p in tmp_path.glob("*.jsonl") for x in p.read_text().splitlines()]
     (event,) = [e for e in lines if e["event"] == "supervisor_decision"]
-    assert event["policy"] == "gpu_health" and event["node"] == "bad"
+    assert event["policy"] == "gpu_health" and event["target"] == "bad"
     backend.close()
 
 

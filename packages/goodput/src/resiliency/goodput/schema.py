@@ -97,7 +97,7 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
     },
     "preempted": {"step": _f("int", "step of the emergency checkpoint")},
     "supervisor_decision": {
-        "node": _f("str", "the node acted on"),
+        "target": _f("str", "the node acted on (the event's own `node` is the controller's)"),
         "action": _f("str", "exclude, restart or shutdown"),
         "policy": _f("str", "the deciding policy (straggler, gpu_health, ...)"),
         "reason": _f("str", "one line saying why"),

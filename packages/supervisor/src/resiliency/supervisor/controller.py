@@ -192,7 +192,7 @@ class Controller:
             return
         emit(
             "supervisor_decision",
-            node=decision.node,
+            target=decision.node,
             action=decision.action,
             policy=decision.policy,
             reason=decision.reason,
