@@ -33,6 +33,10 @@ nox.options.sessions = [
     "typecheck",
     "ft_core",
     "straggler",
+    "goodput",
+    "checkpoint",
+    "simulator",
+    "supervisor",
     "straggler_cupti",
     "ft_launcher",
     "ptl",
@@ -111,6 +115,49 @@ def straggler(session: nox.Session) -> None:
     _pytest(session, "tests/straggler")
 
 
+@nox.session(python=ALL_PYTHONS)
+def goodput(session: nox.Session) -> None:
+    """resiliency-goodput alone: stdlib only (the plot extra is tested in ``integration``)."""
+    _install(session, _pkg("goodput"), *TEST_DEPS)
+    _pytest(session, "tests/goodput")
+
+
+@nox.session(python=TORCH_PYTHON)
+def checkpoint(session: nox.Session) -> None:
+    """resiliency-checkpoint with its dependencies (goodput, torch)."""
+    _install(session, _pkg("goodput"), _pkg("checkpoint"), *TEST_DEPS)
+    _pytest(session, "tests/checkpoint")
+
+
+@nox.session(python=TORCH_PYTHON)
+def simulator(session: nox.Session) -> None:
+    """resiliency-simulator, with the launcher and checkpoint package its fault matrix drives."""
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("goodput"),
+        _pkg("checkpoint"),
+        _pkg("ft-launcher"),
+        _pkg("simulator"),
+        *TEST_DEPS,
+    )
+    _pytest(session, "tests/simulator")
+
+
+@nox.session(python=TORCH_PYTHON)
+def supervisor(session: nox.Session) -> None:
+    """resiliency-supervisor with the launcher it drives; etcd tests need the `etcd` binary."""
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("goodput"),
+        _pkg("ft-launcher"),
+        _pkg("supervisor") + "[etcd]",
+        *TEST_DEPS,
+    )
+    _pytest(session, "tests/supervisor")
+
+
 @nox.session(python=TORCH_PYTHON)
 def straggler_cupti(session: nox.Session) -> None:
     """Build the CUPTI extension wheel and run its GPU-free tests (GPU tests skip without one)."""
@@ -128,18 +175,20 @@ def straggler_cupti(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON)
 def ft_launcher(session: nox.Session) -> None:
-    """resiliency-ft-launcher with its dependencies (ft-core, torch)."""
-    _install(session, _pkg("ft-core"), _pkg("ft-launcher"), *TEST_DEPS)
+    """resiliency-ft-launcher with its dependencies (ft-core, goodput, torch)."""
+    _install(session, _pkg("ft-core"), _pkg("goodput"), _pkg("ft-launcher"), *TEST_DEPS)
     _pytest(session, "tests/ft_launcher")
 
 
 @nox.session(python=TORCH_PYTHON)
 def ptl(session: nox.Session) -> None:
-    """resiliency-ptl with its dependencies (ft-core, straggler, lightning)."""
+    """resiliency-ptl with its dependencies (ft-core, straggler, checkpoint, goodput, lightning)."""
     _install(
         session,
         _pkg("ft-core"),
         _pkg("straggler"),
+        _pkg("goodput"),
+        _pkg("checkpoint"),
         _pkg("ft-launcher"),
         _pkg("ptl-resiliency"),
         *TEST_DEPS,
@@ -153,6 +202,10 @@ def _install_everything(session: nox.Session) -> None:
         _pkg("ft-core"),
         _pkg("ft-launcher"),
         _pkg("straggler"),
+        _pkg("goodput"),
+        _pkg("checkpoint"),
+        _pkg("simulator"),
+        _pkg("supervisor") + "[etcd]",
         _pkg("ptl-resiliency"),
         "torch",
         "matplotlib",
@@ -164,7 +217,14 @@ def _install_everything(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Everything installed: cross-package, multi-process and torch-dependent tests."""
     _install_everything(session)
-    _pytest(session, "tests/integration", "tests/docs", "tests/straggler", "tests/ft_core")
+    _pytest(
+        session,
+        "tests/integration",
+        "tests/docs",
+        "tests/straggler",
+        "tests/ft_core",
+        "tests/goodput",
+    )
 
 
 @nox.session(python=TORCH_PYTHON)
@@ -183,6 +243,10 @@ def typecheck(session: nox.Session) -> None:
         _pkg("ft-core"),
         _pkg("straggler"),
         _pkg("ft-launcher"),
+        _pkg("goodput"),
+        _pkg("checkpoint"),
+        _pkg("simulator"),
+        _pkg("supervisor"),
         _pkg("ptl-resiliency"),
         "mypy>=1.10",
         "types-PyYAML",
@@ -193,6 +257,10 @@ def typecheck(session: nox.Session) -> None:
         *("-p", "resiliency.straggler"),
         *("-p", "resiliency.launcher"),
         *("-p", "resiliency.ptl"),
+        *("-p", "resiliency.goodput"),
+        *("-p", "resiliency.checkpoint"),
+        *("-p", "resiliency.simulator"),
+        *("-p", "resiliency.supervisor"),
     )
 
 
@@ -223,3 +291,10 @@ def bench(session: nox.Session) -> None:
     """Speed and overhead measurements; prints one table and writes benchmarks/results/."""
     _install_everything(session)
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=TORCH_PYTHON)
+def bench_goodput(session: nox.Session) -> None:
+    """The goodput benchmark: torchrun + Lightning vs ft-launcher + the toolkit, same faults."""
+    _install_everything(session)
+    session.run("python", "benchmarks/bench_goodput.py", *session.posargs)

@@ -86,6 +86,8 @@ class EtcdServer:
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     if ETCD is None:
+        if os.environ.get("RESILIENCY_REQUIRE_ETCD") == "1":  # set by .ci/run: CI must run them
+            pytest.fail(SKIP_ETCD + ", but RESILIENCY_REQUIRE_ETCD=1")
         pytest.skip(SKIP_ETCD)
     server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
     yield server
