@@ -22,7 +22,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -35,6 +34,11 @@ from resiliency.checkpoint import (
     SaveFailedError,
     WriterFailedError,
 )
+
+try:  # optional: AppState saves NumPy's RNG only when NumPy is installed
+    import numpy as np
+except ImportError:
+    np = None
 
 DEADLINE_S = 150
 
@@ -56,7 +60,10 @@ class Trainer:
     def step(self, n: int = 1) -> None:
         for _ in range(n):
             x = torch.randn(16, 32)  # from this rank's torch RNG
-            loss = self.model(x).pow(2).mean() + random.random() * 0 + float(np.random.rand()) * 0
+            random.random()  # advance the Python (and NumPy) RNGs too
+            if np is not None:
+                np.random.rand()
+            loss = self.model(x).pow(2).mean()
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
@@ -72,15 +79,14 @@ def _snapshot(t: Trainer) -> dict[str, Any]:
         },
         "torch_rng": torch.get_rng_state(),
         "py_next": random.getstate(),
-        "np_state": np.random.get_state(),
+        "np_state": np.random.get_state() if np is not None else None,
     }
 
 
 def _equal_to(t: Trainer, snap: dict[str, Any]) -> dict[str, bool]:
     params = t.model.module.state_dict()
     state = t.opt.state_dict()["state"]
-    np_now = np.random.get_state()
-    return {
+    result = {
         "params": all(torch.equal(params[k], v) for k, v in snap["params"].items()),
         "optim": set(state) == set(snap["optim"])
         and all(
@@ -90,15 +96,20 @@ def _equal_to(t: Trainer, snap: dict[str, Any]) -> dict[str, bool]:
         ),
         "torch_rng": torch.equal(torch.get_rng_state(), snap["torch_rng"]),
         "python_rng": random.getstate() == snap["py_next"],
-        "numpy_rng": bool(np.array_equal(np_now[1], snap["np_state"][1]))
-        and np_now[2] == snap["np_state"][2],
     }
+    if np is not None:
+        np_now = np.random.get_state()
+        result["numpy_rng"] = bool(np.array_equal(np_now[1], snap["np_state"][1])) and (
+            np_now[2] == snap["np_state"][2]
+        )
+    return result
 
 
 def _seed_rank(rank: int) -> None:
     torch.manual_seed(1000 + rank)
     random.seed(2000 + rank)
-    np.random.seed(3000 + rank)
+    if np is not None:
+        np.random.seed(3000 + rank)
 
 
 def train_resume(rank: int, root: Path, out: Path) -> dict[str, Any]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("numpy")
 
 from ckpt_harness import can_mount_tmpfs, run_scenario
+
+HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -18,9 +20,8 @@ def test_async_save_while_training_restores_bit_identical_state_per_rank(tmp_pat
     results, _ = run_scenario("train_resume", tmp_path)
     for rank, r in results.items():
         assert r["loaded"] == 5 and r["latest"] == 5 and r["done"], r
-        assert r["equal"] == dict.fromkeys(
-            ("params", "optim", "torch_rng", "python_rng", "numpy_rng"), True
-        ), (rank, r["equal"])
+        expected = ["params", "optim", "torch_rng", "python_rng"] + ["numpy_rng"] * HAVE_NUMPY
+        assert r["equal"] == dict.fromkeys(expected, True), (rank, r["equal"])
         assert r["sampler"], r["sampler_value"]
         # torch's own dcp.load reads the committed step without the manager (standard DCP)
         assert r["plain_dcp_params"] and r["plain_dcp_optim"], r
