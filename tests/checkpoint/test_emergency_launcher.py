@@ -30,11 +30,12 @@ from emergency_harness import (
     wait_for_files,
 )
 
+pytest.importorskip("resiliency.launcher", reason="the launcher trials need resiliency-ft-launcher")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
 
 from launcher_harness import Launcher
 
-pytestmark = pytest.mark.slow
+from resiliency.launcher.preemption import Preemption
 
 TRIALS = 6
 LEAD = 2
@@ -83,6 +84,7 @@ def _start_two_nodes(tmp_path: Path, started: list[Launcher]) -> tuple[Launcher,
     return nodes[0], nodes[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_sigterm_to_one_nodes_launcher(
     tmp_path: Path, launchers: list[Launcher], seed: int
@@ -129,6 +131,7 @@ def test_sigterm_to_one_nodes_launcher(
     assert resumed_step(job.log()) == step
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_of_a_single_node_launcher(
     tmp_path: Path, launchers: list[Launcher]
 ) -> None:
@@ -157,3 +160,35 @@ def test_sigterm_to_one_worker_of_a_single_node_launcher(
     noticed = noticed_steps(log)
     assert len(noticed) == 1 and step == noticed[0] + LEAD, (noticed, step)
     assert committed_steps(tmp_path) == [step]
+
+
+@pytest.mark.parametrize(
+    ("codes", "infos", "preempted"),
+    [
+        ({0: 75, 1: 75}, [0, 1], True),
+        ({0: 75, 1: -15}, [0, 1], True),  # stopped by the launcher while exiting
+        ({0: -15}, [0], True),  # stopped while exiting, after writing its exit info
+        ({0: -15}, [], False),  # a plain SIGTERM, no emergency save
+        ({0: 75, 1: 1}, [0], False),  # a real failure next to the save
+        ({0: 75, 1: None}, [0], False),  # still running
+        ({0: 0, 1: 0}, [], False),  # success
+    ],
+)
+def test_launcher_verdict(
+    tmp_path: Path, codes: dict[int, int | None], infos: list[int], preempted: bool
+) -> None:
+    p = Preemption(30.0)
+    try:
+        env = p.worker_env()
+        assert env["RESILIENCY_PREEMPTED_EXIT_CODE"] == "75"
+        assert env["RESILIENCY_TERM_TIMEOUT_S"] == "30"
+        for rank in infos:
+            (p.directory / f"rank_{rank}.json").write_text('{"reason": "preempted", "step": 7}')
+        detail = p.verdict(codes)
+        assert (detail is not None) == preempted, detail
+        if preempted:
+            assert detail is not None and detail.startswith("preempted, saved step 7")
+            assert p.status_fields() == {"preempted_step": 7}
+    finally:
+        p.close()
+    assert not p.directory.exists()

@@ -194,7 +194,10 @@ def launch(
     except RendezvousClosedError:
         outcome = _outcome_without_verdict(agent)
     except Exception as exc:
-        logger.exception("ft-launcher failed")
+        if is_preempted(preemption, agent):  # e.g. the node hosting the store left first
+            logger.warning("after the workers' emergency checkpoint: %r", exc)
+        else:
+            logger.exception("ft-launcher failed")
         outcome = Outcome(ExitCode.FAILURE, "launcher_error", f"{type(exc).__name__}: {exc}")
     finally:
         _install_signal_handlers(args.signals_to_handle, _ignore_further_signals)

@@ -84,21 +84,28 @@ class Preemption:
     def verdict(self, codes: Mapping[int, int | None]) -> str | None:
         """Tell whether this node's workers ended by a graceful preemption.
 
+        A worker that saved exits 75 and leaves ``rank_<RANK>.json`` in the exit-info directory;
+        one the launcher stopped while it was already exiting (SIGTERM after its save, e.g. when
+        the node hosting the stores left first) shows -15 but still left its file.
+
         Args:
             codes: local rank -> exit code (None while running) of the current workers.
 
         Returns:
-            The detail line ("preempted, saved step N ...") when at least one worker exited 75
-            and every other one exited 75, 0 or was stopped by the launcher; else None.
+            The detail line ("preempted, saved step N ...") when every worker has exited, with 75,
+            0 or a signal from the launcher, and at least one exited 75 or reported a preempted
+            save; else None.
         """
         done = [code for code in codes.values() if code is not None]
-        if len(done) != len(codes) or PREEMPTED_EXIT_CODE not in done:
+        if not done or len(done) != len(codes):
             return None
         if any(c not in _STOPPED_BY_LAUNCHER and c != PREEMPTED_EXIT_CODE for c in done):
             return None
-        infos = self._exit_infos()
-        steps = sorted({i["step"] for i in infos.values() if isinstance(i.get("step"), int)})
-        saved = sum(1 for code in done if code == PREEMPTED_EXIT_CODE)
+        infos = [i for i in self._exit_infos().values() if i.get("reason") == "preempted"]
+        if PREEMPTED_EXIT_CODE not in done and not infos:
+            return None
+        steps = sorted({i["step"] for i in infos if isinstance(i.get("step"), int)})
+        saved = max(len(infos), sum(1 for code in done if code == PREEMPTED_EXIT_CODE))
         if len(steps) == 1:
             self.step = steps[0]
             return (
@@ -107,7 +114,7 @@ class Preemption:
             )
         what = f"steps {steps}" if steps else "no exit info"
         logger.warning("workers exited as preempted but report %s in %s", what, self.directory)
-        return f"preempted; {saved} of {len(codes)} local worker(s) exited 75 ({what})"
+        return f"preempted; {saved} of {len(codes)} local worker(s) saved ({what})"
 
     def _exit_infos(self) -> dict[str, dict[str, Any]]:
         infos: dict[str, dict[str, Any]] = {}
