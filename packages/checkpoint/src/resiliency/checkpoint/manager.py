@@ -22,13 +22,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _agree, _dcp, _events, _layout, _staging
+from . import _agree, _dcp, _events, _layout, _restore, _staging
 from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
 from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
 from .errors import (
-    CheckpointCorruptError,
     CheckpointError,
-    NoCheckpointError,
     SaveFailedError,
     WriterFailedError,
 )
@@ -454,48 +452,7 @@ class CheckpointManager:
             logger.warning("rank %d: checkpoint writer not ready: %s", self.rank, exc)
 
     def _agree_on_step(self, step: int | None) -> tuple[int | None, int]:
-        local = self.steps()
-        verdicts: dict[int, tuple[bool, str, int]] = {}
-
-        def check(s: int) -> bool:
-            if s not in verdicts:
-                verdicts[s] = _layout.verify_step(
-                    _layout.step_dir(self.root, s), self.rank, self.world_size
-                )
-                if not verdicts[s][0]:
-                    logger.warning("checkpoint step %d skipped: %s", s, verdicts[s][1])
-            return verdicts[s][0]
-
-        if step is not None:
-            status = 2 if step not in local else (0 if check(step) else 1)
-            code = _agree.min_max([status], self._group)[1][0]
-            if code == 2:
-                raise NoCheckpointError(f"step {step} is not committed under {self.root}")
-            if code == 1:
-                raise CheckpointCorruptError(f"step {step} under {self.root} failed verification")
-            return step, verdicts[step][2]
-        bound = None
-        while True:
-            candidate = next(
-                (s for s in reversed(local) if (bound is None or s <= bound) and check(s)), -1
-            )
-            mins, maxs = _agree.min_max([candidate, len(local)], self._group)
-            if mins[0] == maxs[0]:
-                break
-            if candidate > mins[0]:
-                logger.warning(
-                    "checkpoint step %d skipped: it failed verification on another rank", candidate
-                )
-            bound = mins[0]
-            if bound < 0:
-                break
-        if mins[0] < 0:
-            if maxs[1] > 0:
-                raise CheckpointCorruptError(
-                    f"no committed step under {self.root} verifies on every rank; see the warnings"
-                )
-            return None, 0
-        return mins[0], verdicts[mins[0]][2]
+        return _restore.agree_on_step(self.root, self.rank, self.world_size, self._group, step)
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

@@ -1,0 +1,64 @@
+"""Which committed step to load: newest first, verified, agreed by every rank."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch.distributed as dist
+
+from . import _agree, _layout
+from .errors import CheckpointCorruptError, NoCheckpointError
+
+logger = logging.getLogger("resiliency.checkpoint.manager")
+
+
+def agree_on_step(
+    root: Path, rank: int, world: int, group: dist.ProcessGroup | None, step: int | None
+) -> tuple[int | None, int]:
+    """Return ``(step, bytes)`` every rank verified, or ``(None, 0)`` when there is none.
+
+    Each rank checks its share of the files of its newest candidate; one all-reduce (minimum and
+    maximum) tells whether all ranks agree; if not, every rank retries below the minimum. A
+    step rejected on one rank is therefore skipped on all of them.
+    """
+    local = _layout.committed_steps(root)
+    verdicts: dict[int, tuple[bool, str, int]] = {}
+
+    def check(s: int) -> bool:
+        if s not in verdicts:
+            verdicts[s] = _layout.verify_step(_layout.step_dir(root, s), rank, world)
+            if not verdicts[s][0]:
+                logger.warning("checkpoint step %d skipped: %s", s, verdicts[s][1])
+        return verdicts[s][0]
+
+    if step is not None:
+        status = 2 if step not in local else (0 if check(step) else 1)
+        code = _agree.min_max([status], group)[1][0]
+        if code == 2:
+            raise NoCheckpointError(f"step {step} is not committed under {root}")
+        if code == 1:
+            raise CheckpointCorruptError(f"step {step} under {root} failed verification")
+        return step, verdicts[step][2]
+    bound = None
+    while True:
+        candidate = next(
+            (s for s in reversed(local) if (bound is None or s <= bound) and check(s)), -1
+        )
+        mins, maxs = _agree.min_max([candidate, len(local)], group)
+        if mins[0] == maxs[0]:
+            break
+        if candidate > mins[0]:
+            logger.warning(
+                "checkpoint step %d skipped: it failed verification on another rank", candidate
+            )
+        bound = mins[0]
+        if bound < 0:
+            break
+    if mins[0] < 0:
+        if maxs[1] > 0:
+            raise CheckpointCorruptError(
+                f"no committed step under {root} verifies on every rank; see the warnings"
+            )
+        return None, 0
+    return mins[0], verdicts[mins[0]][2]
