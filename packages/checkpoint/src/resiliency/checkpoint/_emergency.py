@@ -28,6 +28,7 @@ What happens:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import mmap
@@ -170,6 +171,8 @@ class EmergencyCheckpoint:
         self.term_timeout_s = term_timeout_s
         self._save_times: deque[float] = deque(maxlen=5)
         self._expected_save_s = expected_save_s
+        if local_save is None and getattr(manager, "tiered", False):
+            local_save = functools.partial(manager.save, tier="local")
         self._local_save = local_save
         self._margin_s = margin_s
         self._chain = chain_previous
@@ -216,7 +219,11 @@ class EmergencyCheckpoint:
     def _save_fn(manager: Any) -> SaveFn:
         save = getattr(manager, "save", None)
         if callable(save):
-            return save
+            # A tiered manager saves a step only on the tiers it is due on: an emergency step
+            # must go to every tier whatever the cadence.
+            return (
+                functools.partial(save, tier="all") if getattr(manager, "tiered", False) else save
+            )
         if callable(manager):
             return manager
         raise TypeError(

@@ -181,6 +181,11 @@ class CheckpointManager:
         return self._writer.pid if self._writer is not None else None
 
     # ------------------------------------------------------------------ save
+    @property
+    def tiered(self) -> bool:
+        """Whether this manager saves on tiers (then ``save(..., tier=...)`` is available)."""
+        return self._tiered is not None
+
     def save(self, step: int, state: dict[str, Any], *, tier: str | None = None) -> SaveHandle:
         """Save ``state`` as ``step``; returns once the state is staged (collective).
 
