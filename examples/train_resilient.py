@@ -64,10 +64,11 @@ def main() -> int:
     manager = CheckpointManager(
         args.ckpt_dir, keep_last=args.keep_last, async_save=not args.sync_save
     )
+    # Installed before the (possibly long) load, so a preemption during it is not lost.
+    emergency = EmergencyCheckpoint(manager, signals=(signal.SIGTERM, signal.SIGUSR1), lead=2)
     start = manager.load(state) or 0
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     print(f"rank {rank}: attempt {attempt} starts at step {start}", flush=True)
-    emergency = EmergencyCheckpoint(manager, signals=(signal.SIGTERM, signal.SIGUSR1), lead=2)
     recorder = get_recorder()
 
     loss = torch.tensor(0.0)

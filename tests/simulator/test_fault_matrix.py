@@ -168,10 +168,10 @@ def _committed(ckpt: Path) -> list[int]:
     return sorted(int(p.name.split("_")[1]) for p in ckpt.glob("step_*") if p.is_dir())
 
 
-def _finished(run: Run) -> None:
+def _finished(run: Run, steps: int = STEPS) -> None:
     assert run.code == 0, f"job exit code {run.code}; log tail:\n{run.log[-4000:]}"
-    assert f"finished {STEPS} steps" in run.log, run.log[-4000:]
-    assert STEPS in _committed(run.ckpt_dir), _committed(run.ckpt_dir)
+    assert f"finished {steps} steps" in run.log, run.log[-4000:]
+    assert steps in _committed(run.ckpt_dir), _committed(run.ckpt_dir)
     assert not _job_processes(run.job_id), "processes of the job are still running"
 
 
@@ -200,14 +200,19 @@ def test_slow_rank_slows_the_job_without_killing_it(simulate) -> None:
 
 def test_torn_checkpoint_is_skipped_on_restore(simulate) -> None:
     # Tear the newest committed step, then kill a rank at once: the restart must skip the torn
-    # step (naming the file) and resume from the one before.
-    run = simulate([_fault("torn_checkpoint", at_s=10.0), _fault("kill", at_s=10.0)], ckpt_every=20)
+    # step (naming the file) and resume from the one before. (With no complete step left, load
+    # raises CheckpointCorruptError rather than silently starting from step 0.)
+    run = simulate(
+        [_fault("torn_checkpoint", at_s=16.0), _fault("kill", at_s=16.0)],
+        steps=200,
+        ckpt_every=20,
+    )
     assert all(r.injected_s is not None for r in run.rows), [r.note for r in run.rows]
     torn = run.injections[0].action
     assert any(word in torn for word in ("truncated", "flipped")), torn
     torn_file = Path(torn.split(" of ")[-1] if "flipped" in torn else torn.split()[1])
     assert torn_file.name in run.log, f"the skipped file is not named; log:\n{run.log[-4000:]}"
-    _finished(run)
+    _finished(run, 200)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a small tmpfs (needs root)")
@@ -226,16 +231,16 @@ def test_disk_full_fails_the_save_loudly_and_training_goes_on(simulate, tmp_path
 
 
 def test_preemption_saves_an_agreed_step_and_the_next_job_resumes(simulate) -> None:
-    run = simulate([_fault("preempt", at_s=9.0, victim=0)], tag="-1")
+    run = simulate([_fault("preempt", at_s=14.0, victim=0)], steps=200, tag="-1")
     assert run.code == 5, f"preempted launcher exit {run.code}; log:\n{run.log[-4000:]}"
     preempted = [e for e in read_ledger([run.ledger_dir]).events if e.event == "preempted"]
     assert preempted, "no preempted event in the ledger"
     saved = {int(e.data["step"]) for e in preempted}
     assert len(saved) == 1, f"ranks saved different steps: {saved}"
     assert saved <= set(_committed(run.ckpt_dir))
-    again = simulate([], tag="-2")
+    again = simulate([], steps=200, tag="-2")
     assert f"starts at step {saved.pop()}" in again.log
-    _finished(again)
+    _finished(again, 200)
 
 
 def test_node_loss_then_a_new_launcher_resumes_from_the_last_commit(simulate) -> None:
