@@ -29,9 +29,7 @@ What happens:
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import mmap
 import os
 import signal
 import sys
@@ -47,9 +45,19 @@ from resiliency.checkpoint import _events
 from resiliency.checkpoint._emergency_agreement import (
     StopAgreement,
     StopRecord,
+    check_lead,
     default_store,
     key_prefix,
 )
+from resiliency.checkpoint._launcher_contract import (
+    EXIT_INFO_DIR_ENV,
+    PREEMPTED_EXIT_CODE_ENV,
+    TERM_TIMEOUT_ENV,
+    map_stop_mark,
+    preempted_exit_code,
+    write_exit_info,
+)
+from resiliency.checkpoint._launcher_contract import term_timeout_s as launcher_term_timeout_s
 from resiliency.checkpoint.errors import CheckpointError
 
 __all__ = [
@@ -62,12 +70,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
-EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
-TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
-#: One byte in the exit-info directory, 1 while ft-launcher itself stops the workers.
-STOP_MARK_FILE = "launcher_stopping"
-
 SaveFn = Callable[[int, Any], Any]
 
 _SAVE_TIME_SAFETY = 1.25  # the expected save time is scaled by this before it is compared
@@ -78,32 +80,10 @@ class EmergencyCheckpointError(CheckpointError):
     """The emergency stop cannot work as configured (e.g. a rank passed the agreed step)."""
 
 
-def _flush_goodput() -> None:
-    try:
-        from resiliency.goodput import get_recorder  # noqa: PLC0415 -- optional at run time
-
-        get_recorder().flush()
-    except Exception as exc:  # ImportError, or a broken ledger: never stop the exit
-        logger.debug("goodput flush skipped: %s", exc)
-
-
 def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _map_stop_mark() -> mmap.mmap | None:
-    """Map ft-launcher's one-byte "the launcher is stopping these workers" mark, if there is one."""
-    directory = os.environ.get(EXIT_INFO_DIR_ENV)
-    if not directory:
-        return None
-    try:
-        with open(os.path.join(directory, STOP_MARK_FILE), "rb") as fh:
-            return mmap.mmap(fh.fileno(), 1, prot=mmap.PROT_READ)
-    except (OSError, ValueError) as exc:  # an older launcher, or no mark: every SIGTERM counts
-        logger.debug("no launcher stop mark in %s: %s", directory, exc)
-        return None
 
 
 class EmergencyCheckpoint:
@@ -166,8 +146,8 @@ class EmergencyCheckpoint:
         self._phase = self.rank % check_every
         self._store = store
         self._agreement: StopAgreement | None = None
-        if term_timeout_s is None and os.environ.get(TERM_TIMEOUT_ENV):
-            term_timeout_s = float(os.environ[TERM_TIMEOUT_ENV])
+        if term_timeout_s is None:
+            term_timeout_s = launcher_term_timeout_s()
         self.term_timeout_s = term_timeout_s
         self._save_times: deque[float] = deque(maxlen=5)
         self._expected_save_s = expected_save_s
@@ -183,36 +163,10 @@ class EmergencyCheckpoint:
         self._stop: StopRecord | None = None
         self._store_error_logged = False
         self._previous: dict[signal.Signals, Any] = {}
-        self._stop_mark = _map_stop_mark()
+        self._stop_mark = map_stop_mark()
         self._install(warn_on_replace)
 
-    @staticmethod
-    def check_lead(lead: int, check_every: int | None = None, max_drift: int = 1) -> int:
-        """Check the rule ``lead >= check_every + max_drift``; return the check period.
-
-        Args:
-            lead: steps between the first rank noticing and the stop step.
-            check_every: store check period in steps (None: ``lead - max_drift``).
-            max_drift: steps one rank's loop can run ahead of another's.
-
-        Returns:
-            The check period.
-
-        Raises:
-            ValueError: the rule does not hold (the stop step could be behind a rank).
-        """
-        if max_drift < 0:
-            raise ValueError(f"max_drift must be >= 0, got {max_drift}")
-        if check_every is None:
-            check_every = lead - max_drift
-        if check_every < 1 or lead < check_every + max_drift:
-            raise ValueError(
-                f"lead={lead} is too small: the stop step must stay ahead of every rank, which "
-                f"needs lead >= check_every + max_drift (check_every={check_every}, "
-                f"max_drift={max_drift}, check_every >= 1); use lead >= "
-                f"{max(check_every, 1) + max_drift}"
-            )
-        return check_every
+    check_lead = staticmethod(check_lead)
 
     # --- signals ---------------------------------------------------------------------------------
     @staticmethod
@@ -502,12 +456,12 @@ class EmergencyCheckpoint:
         return max(1.0, self._stop.deadline - time.time())
 
     def _finish(self, step: int, plan: str, took: float, error: str | None) -> int:
-        preempted_code = int(os.environ.get(PREEMPTED_EXIT_CODE_ENV, "0") or 0)
+        preempted_code = preempted_exit_code()
         code = preempted_code if error is None else 1
         info: dict[str, Any] = {"reason": "preempted", "step": step, "plan": plan}
         if error is not None:
             info = {"reason": "preempt_save_failed", "step": step, "error": error}
-        self._write_exit_info(info)
+        write_exit_info(self.rank, info)
         if error is None:
             logger.warning(
                 "emergency checkpoint of step %d saved on rank %d in %.2f s (%s); exiting %d",
@@ -529,20 +483,7 @@ class EmergencyCheckpoint:
                 close()
             except Exception as exc:
                 logger.warning("closing the checkpoint manager failed: %s", exc)
-        _flush_goodput()
+        _events.flush()
         for handler in logging.getLogger().handlers:
             handler.flush()
         return code
-
-    def _write_exit_info(self, info: dict[str, Any]) -> None:
-        directory = os.environ.get(EXIT_INFO_DIR_ENV)
-        if not directory:
-            return
-        path = os.path.join(directory, f"rank_{self.rank}.json")
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(info, fh)
-            os.replace(tmp, path)
-        except OSError as exc:
-            logger.error("cannot write the exit info %s: %s", path, exc)

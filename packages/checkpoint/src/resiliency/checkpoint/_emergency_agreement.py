@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
-__all__ = ["StopAgreement", "StopRecord", "default_store", "key_prefix"]
+__all__ = ["StopAgreement", "StopRecord", "check_lead", "default_store", "key_prefix"]
 
 logger = logging.getLogger(__name__)
 
@@ -225,3 +225,31 @@ class StopAgreement:
             logger.warning("emergency stop: the done count failed: %s", exc)
             return False
         return True
+
+
+def check_lead(lead: int, check_every: int | None = None, max_drift: int = 1) -> int:
+    """Check the rule ``lead >= check_every + max_drift``; return the check period.
+
+    Args:
+        lead: steps between the first rank noticing and the stop step.
+        check_every: store check period in steps (None: ``lead - max_drift``).
+        max_drift: steps one rank's loop can run ahead of another's.
+
+    Returns:
+        The check period.
+
+    Raises:
+        ValueError: the rule does not hold (the stop step could be behind a rank).
+    """
+    if max_drift < 0:
+        raise ValueError(f"max_drift must be >= 0, got {max_drift}")
+    if check_every is None:
+        check_every = lead - max_drift
+    if check_every < 1 or lead < check_every + max_drift:
+        raise ValueError(
+            f"lead={lead} is too small: the stop step must stay ahead of every rank, which "
+            f"needs lead >= check_every + max_drift (check_every={check_every}, "
+            f"max_drift={max_drift}, check_every >= 1); use lead >= "
+            f"{max(check_every, 1) + max_drift}"
+        )
+    return check_every

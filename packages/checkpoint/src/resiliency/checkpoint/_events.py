@@ -16,3 +16,11 @@ def emit(event: str, **fields: Any) -> None:
         get_recorder().emit(event, **fields)
     except Exception as exc:
         logger.warning("could not record goodput event %s %s: %s", event, fields, exc)
+
+
+def flush() -> None:
+    """Write the queued goodput events now (before the process exits); never raises."""
+    try:
+        get_recorder().flush()
+    except Exception as exc:  # a broken ledger must never stop the exit
+        logger.debug("goodput flush skipped: %s", exc)
