@@ -113,4 +113,3 @@ def check_safety_factor(value: Any) -> Any:
             "accepts it; this toolkit does not, see docs/coming_from_nvidia_resiliency_ext.md)"
         )
     return value
-
