@@ -8,6 +8,7 @@ is never hidden by a fresh inner one; the most overdue expired timer is the one 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from resiliency.ft.timeouts import HeartbeatTimeouts, ObservedIntervals, SectionTimeouts
 
@@ -104,6 +105,15 @@ class RankWatch:
         self.open_sections: dict[str, float] = {}
         self.used_sections = False
         self.last_section_end: float | None = None
+
+    def status(self, now: float) -> dict[str, Any]:
+        """Heartbeat age and innermost open section, for the launcher's status view."""
+        last = self.last_heartbeat
+        sections = list(self.open_sections)
+        return {
+            "hb_age": None if last is None else max(0.0, now - last),
+            "section": sections[-1] if sections else None,
+        }
 
     def on_connect(self, ts: float) -> None:
         """Record that the rank connected (``init_workload_monitoring()``) at ``ts``."""

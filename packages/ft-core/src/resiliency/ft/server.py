@@ -13,7 +13,6 @@ iteration is guarded and failures are logged with their traceback.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from resiliency.ft._hang_action import HangAction
 from resiliency.ft._loop import SocketLoop
 from resiliency.ft._proc import is_same_or_descendant, pid_alive, process_start_time
 from resiliency.ft._rank_watch import ExpiredTimer, Observations, RankWatch
+from resiliency.ft._server_args import parse_server_args
 from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import ConfigError, ProtocolError
 from resiliency.ft.protocol import PROTOCOL_VERSION, mismatch_message
@@ -268,7 +268,8 @@ class RankMonitorServer(SocketLoop):
             self._dump_stacks(now)
             self._send(conn, {"t": "ok"})
         elif conn.role == "controller" and t == "watch_status":
-            self._send(conn, {"t": "ok", "watch": self._watch_status(now)})
+            watch = self._watch.status(now) if self._watch is not None else {}
+            self._send(conn, {"t": "ok", "watch": watch})
         elif conn.role == "controller" and t == "shutdown":
             self._send(conn, {"t": "ok"})
             self.request_stop("the controller asked for shutdown")
@@ -333,17 +334,6 @@ class RankMonitorServer(SocketLoop):
         rank = self._watch.rank if self._watch is not None else None
         self._emit("wlc", action=action.value, desc=msg["desc"], rank=rank, pid=conn.creds.pid)
         self._send(conn, {"t": "ok", "forwarded": True})
-
-    def _watch_status(self, now: float) -> dict[str, Any]:
-        watch = self._watch
-        if watch is None:
-            return {}
-        last = watch.last_heartbeat
-        sections = list(watch.open_sections)
-        return {
-            "hb_age": None if last is None else max(0.0, now - last),
-            "section": sections[-1] if sections else None,
-        }
 
     # -- workers and hangs -------------------------------------------------------------------
 
@@ -469,20 +459,6 @@ class RankMonitorServer(SocketLoop):
             self._action = None
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m resiliency.ft.server",
-        description="Rank monitor: watches one local rank's heartbeats and sections.",
-    )
-    parser.add_argument("--socket", required=True, help="socket path (its directory: mode 0700)")
-    parser.add_argument("--local-rank", type=int, required=True, help="the local rank served")
-    parser.add_argument(
-        "--config-json", default="{}", help="FaultToleranceConfig.to_json() output (default: {})"
-    )
-    parser.add_argument("--worker-pid", type=int, default=None, help="the worker's pid, if known")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run a rank monitor until it is told to stop (the ``python -m`` entry point).
 
@@ -492,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit code: 0 after a clean stop, 2 when the configuration or socket is unusable.
     """
-    args = _parse_args(argv)
+    args = parse_server_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
