@@ -21,66 +21,36 @@ from torch.distributed import Store
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from resiliency.ft import FaultToleranceConfig, MonitorEvent, WorkloadAction
+from resiliency.ft import MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent
+from resiliency.launcher.agent_settings import AgentSettings, Outcome
+from resiliency.launcher.coordination import (
+    exit_barrier,
+    failed_elsewhere,
+)
 from resiliency.launcher.diagnosis import HangDiagnosis
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
-from resiliency.launcher.health import HealthCheck, run_health_checks
+from resiliency.launcher.health import run_health_checks
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
-from resiliency.launcher.policy import Decision, GroupObservation, LocalState, RestartPolicy
+from resiliency.launcher.policy import Decision, GroupObservation, LocalState
 from resiliency.launcher.preemption import (
-    Preemption,
     env_for,
     is_preempted,
     launcher_stopping,
 )
 from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher.workload_control import (
+    exclude_this_node,
+    follow_shutdown,
+    shutdown_workload,
+    stopped_result,
+)
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 
 logger = logging.getLogger(__name__)
-
-_ACK_WAIT_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How the job ended on this node.
-
-    Attributes:
-        exit_code: the launcher's exit code (see :mod:`resiliency.launcher.exit_codes`).
-        reason: a short machine-friendly reason (``succeeded``, ``restarts_exhausted``, ...).
-        detail: one human-readable line (the root cause when it failed).
-    """
-
-    exit_code: int
-    reason: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """The agent's fault-tolerance settings.
-
-    Attributes:
-        ft_cfg: the monitors' configuration.
-        policy: the restart policy.
-        min_nodes: MIN of ``--nnodes MIN:MAX``.
-        workers_stop_timeout: SIGTERM -> SIGKILL delay when stopping workers for a restart.
-        health_checks: run before every (re)join of the rendezvous.
-        finished_flag_file: passed to the workers as FAULT_TOL_FINISHED_FLAG_FILE.
-        preemption: graceful preemption (workers that saved exit 75: no restart, exit 5).
-    """
-
-    ft_cfg: FaultToleranceConfig
-    policy: RestartPolicy
-    min_nodes: int
-    workers_stop_timeout: float
-    health_checks: tuple[HealthCheck, ...] = ()
-    finished_flag_file: str | None = None
-    preemption: Preemption | None = None
 
 
 class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
@@ -353,7 +323,7 @@ class FtElasticAgent(CompatAgent):
             if self._shared is not None:
                 self._shared.publish_left()
             self._stop_workers(self._worker_group)
-            return _stopped()
+            return stopped_result()
 
     def _supervise(self) -> RunResult:  # noqa: PLR0911 - one return per way the job ends
         group = self._worker_group
@@ -389,7 +359,7 @@ class FtElasticAgent(CompatAgent):
             obs = GroupObservation(
                 local=local,
                 nodes_in_group=group.group_world_size or 1,
-                failed_nodes=_failed_elsewhere(shared, self._published_failure),
+                failed_nodes=failed_elsewhere(shared, self._published_failure),
                 nodes_waiting=spec.rdzv_handler.num_nodes_waiting(),
                 min_nodes=self._settings.min_nodes,
                 remaining_restarts=self.remaining_restarts,
@@ -475,7 +445,7 @@ class FtElasticAgent(CompatAgent):
                     "this node's workers failed; the job finished on the healthy nodes",
                 )
                 logger.warning("%s", self.outcome.detail)
-                return _stopped()
+                return stopped_result()
             healthy = (group.group_world_size or 1) - state.standby - state.left
             if healthy < self._settings.min_nodes:
                 if self.remaining_restarts <= 0:
@@ -498,80 +468,20 @@ class FtElasticAgent(CompatAgent):
     # --- exit barrier ---------------------------------------------------------------------------
     def exit_barrier(self) -> None:
         """Wait until every node of the round finished or stepped aside, then release standbys."""
-        group = self._worker_group
-        shared = self._shared
-        if shared is None:
-            return
-        world = group.group_world_size or 1
-        shared.arrive_at_exit()
-        deadline = time.monotonic() + self._exit_barrier_timeout
-        start = time.monotonic()
-        while True:
-            state = shared.snapshot()
-            if shared.arrived() + state.standby + state.left >= world:
-                break
-            if time.monotonic() > deadline:
-                logger.error(
-                    "exit barrier: waited %.0f s for the other nodes to finish; giving up waiting",
-                    self._exit_barrier_timeout,
-                )
-                return
-            time.sleep(0.05)
-        waited = time.monotonic() - start
-        logger.info("exit barrier: all %d node(s) done after %.2f s", world, waited)
-        state = shared.snapshot()
-        if state.standby:
-            shared.publish_done()
-            _wait_until(lambda: shared.done_acks() >= state.standby, _ACK_WAIT_SECONDS)
+        if self._shared is not None:
+            exit_barrier(
+                self._shared, self._worker_group.group_world_size or 1, self._exit_barrier_timeout
+            )
 
     # --- workload control -----------------------------------------------------------------------
     def _shutdown_workload(self, result: RunResult) -> RunResult:
-        event = self._cycle.shutdown
-        assert event is not None
-        group = self._worker_group
-        reason = event.desc or "(no reason given)"
-        detail = f"rank {event.rank} requested ShutdownWorkload: {reason}"
-        logger.error("%s; stopping the job on every node, no restarts", detail)
-        if self._shared is not None:
-            self._shared.publish_shutdown(event.rank, event.desc or "")
-        self._stop_workers(group)
-        spec = group.spec
-        try:
-            spec.rdzv_handler.set_closed()
-        except RuntimeError as exc:
-            logger.warning("could not close the rendezvous: %s", exc)
-        others = (group.group_world_size or 1) - 1
-        if self._shared is not None and others > 0:
-            shared = self._shared
-            if not _wait_until(lambda: shared.shutdown_acks() >= others, _ACK_WAIT_SECONDS):
-                logger.warning(
-                    "not every node acknowledged the shutdown within %.0f s", _ACK_WAIT_SECONDS
-                )
-        self.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
-        return _stopped()
+        return shutdown_workload(self)
 
     def _follow_shutdown(self, result: RunResult, request: dict[str, Any]) -> RunResult:
-        detail = (
-            f"rank {request.get('rank')} on another node requested ShutdownWorkload: "
-            f"{request.get('desc') or '(no reason given)'}"
-        )
-        logger.error("%s; stopping this node's workers, no restarts", detail)
-        self._stop_workers(self._worker_group)
-        if self._shared is not None:
-            self._shared.ack_shutdown()
-        self.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
-        return _stopped()
+        return follow_shutdown(self, request)
 
     def _exclude_this_node(self, result: RunResult) -> RunResult:
-        event = self._cycle.exclude
-        assert event is not None
-        detail = f"rank {event.rank} requested ExcludeThisNode: {event.desc or '(no reason given)'}"
-        logger.error("%s; this node leaves the job, the others go on without it", detail)
-        if self._shared is not None:
-            self._shared.publish_left()
-        self._stop_workers(self._worker_group)
-        self.outcome = Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail)
-        return _stopped()
+        return exclude_this_node(self)
 
     def leaves_rendezvous_open(self) -> bool:
         """True when this node left on its own and must not close the rendezvous for the rest."""
@@ -582,29 +492,8 @@ class FtElasticAgent(CompatAgent):
         )
 
 
-def _stopped() -> RunResult:
-    """The result for workers this agent stopped on purpose (torch records them TERMINATED)."""
-    return RunResult(state=WorkerState.FAILED)
-
-
-def _failed_elsewhere(shared: Any, self_published: bool) -> int:
-    if shared is None:
-        return 0
-    failed = int(shared.failed) + int(shared.left)
-    return max(0, failed - (1 if self_published else 0))
-
-
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
-
-
-def _wait_until(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
