@@ -105,11 +105,9 @@ DISTRIBUTIONS = {
 }
 # Imported lazily, inside a guard, for a feature that is optional and not worth an extra.
 OPTIONAL_UNDECLARED = {
-    "checkpoint": {"numpy"},  # AppState saves NumPy's RNG state when NumPy happens to be there
     "ft-core": {"torch"},  # the cross-rank timeout all-reduce, only when torch.distributed is up
-    "straggler": {
-        "torch"
-    },  # cross-rank exchange and CUDA events (pip install straggler alone works)
+    # cross-rank exchange and CUDA events (pip install resiliency-straggler alone works)
+    "straggler": {"torch"},
     "ptl-resiliency": {"pytorch_lightning"},  # the second import path of Lightning
 }
 
