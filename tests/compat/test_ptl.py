@@ -14,6 +14,7 @@ import csv
 import inspect
 import json
 import shutil
+import time
 import types
 from pathlib import Path
 
@@ -101,6 +102,9 @@ class _Tiny(lp.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch, batch_idx):
+        # Steps must outlast the 0.05 s report interval, or an idle machine finishes all 20 steps
+        # before the first report and nothing is logged.
+        time.sleep(0.02)
         return self.layer(batch[0]).sum()
 
     def configure_optimizers(self):
