@@ -152,3 +152,69 @@ def test_auto_ideal_ignores_outliers(tmp_path: Path) -> None:
     report = _report(tmp_path, lines)
     assert report.ideal_step_time_s == pytest.approx(60.0)
     assert report.whole.seconds["slowdown"] / MIN == pytest.approx(45.0)
+
+
+def _two_node_job() -> list[dict]:
+    """Two nodes; node 1, then node 0, preempted and replaced by a fresh launcher (whose own
+    cycle count starts again at 0). Steps of 2 min, rank 0 writes the steps."""
+    out = []
+    ld = dict(tier="persistent", bytes=1)
+    out += [
+        line("cycle_started", 0, node="0", cycle=0),
+        line("cycle_started", 1, node="1", cycle=0),
+    ]
+    out.append(line("checkpoint_loaded", 2, step=0, duration_s=1 * MIN, rank=0, **ld))
+    out += [line("step", 2 + 2 * s, step=s, rank=0) for s in range(1, 11)]
+    out.append(line("cycle_ended", 23, node="1", cycle=0, cause="preemption", timer=None, ranks=[]))
+    out.append(line("cycle_ended", 24, node="0", cycle=0, cause="crash", timer=None, ranks=[]))
+    out += [
+        line("cycle_started", 30, node="0", cycle=1),
+        line("cycle_started", 31, node="1", cycle=0),
+    ]
+    out.append(line("checkpoint_loaded", 34, step=8, duration_s=2 * MIN, rank=0, **ld))
+    out += [line("step", 34 + 2 * (s - 8), step=s, rank=0) for s in range(9, 21)]
+    out.append(line("cycle_ended", 59, node="0", cycle=1, cause="preemption", timer=None, ranks=[]))
+    out.append(line("cycle_ended", 60, node="1", cycle=0, cause="crash", timer=None, ranks=[]))
+    out += [
+        line("cycle_started", 65, node="1", cycle=1),
+        line("cycle_started", 66, node="0", cycle=0),
+    ]
+    out.append(line("checkpoint_loaded", 68, step=20, duration_s=1 * MIN, rank=0, **ld))
+    out += [line("step", 68 + 2 * (s - 20), step=s, rank=0) for s in range(21, 31)]
+    for node in ("0", "1"):
+        out.append(
+            line("cycle_ended", 90, node=node, cycle=0, cause="success", timer=None, ranks=[])
+        )
+    return out
+
+
+def test_nodes_numbering_their_own_cycles_make_one_job_timeline(tmp_path: Path) -> None:
+    report = _report(tmp_path, _two_node_job(), reference=120.0)
+    got = {k: v / MIN for k, v in report.whole.seconds.items() if v}
+    # Cycle 0: steps 9, 10 redone (4 min) and 22..23 lost; restarts 23..30 + 30..32 + 59..65 +
+    # 65..67; the replaced nodes' starts (31, 66) join the restart already under way.
+    assert got == pytest.approx(
+        {
+            "productive": 60.0,
+            "startup": 1.0,
+            "loading": 4.0,
+            "lost_progress": 6.0,
+            "restart": 17.0,
+            "idle": 2.0,
+        }
+    )
+    rows = [(a.cycle, a.cause, a.restore_step, a.last_step) for a in report.attempts]
+    assert rows == [(0, "preemption", 0, 10), (1, "preemption", 8, 20), (2, "success", 20, 30)]
+    assert report.final_step == 30
+
+
+def test_a_node_starting_twice_without_progress_opens_a_new_cycle(tmp_path: Path) -> None:
+    lines = [
+        line("cycle_started", 0, node="0", cycle=0),
+        line("cycle_ended", 2, node="0", cycle=0, cause="crash", timer=None, ranks=[]),
+        line("cycle_started", 3, node="0", cycle=1),
+        line("step", 5, step=1, rank=0),
+        line("step", 9, step=3, rank=0),
+    ]
+    report = _report(tmp_path, lines, reference=120.0)
+    assert [(a.cycle, a.cause) for a in report.attempts] == [(0, "crash"), (1, None)]

@@ -170,3 +170,16 @@ def test_the_readers_bulk_path_reads_what_the_recorder_wrote(tmp_path: Path) -> 
     assert [s[1:] for s in ledger.steps] == [s[1:] for s in expected]
     assert [s[0] for s in ledger.steps] == pytest.approx([s[0] for s in expected], abs=1e-6)
     assert [e.event for e in ledger.events] == ["checkpoint_saved"]
+
+
+def test_rename_keeps_the_old_name_on_queued_events(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, job="j", node="host-a", rank=None, flush_interval_s=60.0)
+    rec.emit("job_started")
+    rec.rename("1")
+    rec.emit("cycle_started", cycle=0)
+    rec.close()
+    events = read_ledger([tmp_path]).events
+    assert [(e.event, e.node) for e in events] == [
+        ("job_started", "host-a"),
+        ("cycle_started", "1"),
+    ]

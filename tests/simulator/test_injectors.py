@@ -226,3 +226,20 @@ def test_disk_full_fills_a_small_tmpfs_then_frees_it(tmp_path: Path) -> None:
         (mnt / "ckpt").write_bytes(b"x" * 65536)
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_preempt_does_not_wait_for_a_launcher_that_exited_unreaped() -> None:
+    # The runner reaps its launchers only on its own schedule: an exited launcher is a zombie
+    # until then, and a zombie must count as gone, not make the preemption wait out its grace.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        proc = read_proc(child.pid)
+        assert proc is not None
+        t0 = time.monotonic()
+        action = preempt_node(proc, grace_s=60.0)
+        assert time.monotonic() - t0 < 20.0, action
+        assert "all exited" in action
+        assert read_proc(child.pid) is None  # exited, not yet reaped
+    finally:
+        child.kill()
+        child.wait(10)

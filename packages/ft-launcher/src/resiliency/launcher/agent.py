@@ -151,7 +151,7 @@ class FtElasticAgent(CompatAgent):
         pids: dict[int, Any] = super()._start_workers(worker_group)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
         self._cycle = self._new_cycle()
-        self.goodput.cycle_started()
+        self.goodput.cycle_started(node=str(worker_group.group_rank))
         for local_rank, pid in pids.items():
             rank = worker_group.workers[local_rank].global_rank
             self._worker_pgids.add(int(pid))

@@ -68,8 +68,16 @@ class GoodputEvents:
     def job_started(self) -> None:
         self._emit("job_started")
 
-    def cycle_started(self) -> None:
-        """The workers were (re)started: a new cycle."""
+    def cycle_started(self, node: str | None = None) -> None:
+        """The workers were (re)started: a new cycle.
+
+        Args:
+            node: this node's name in the round (its group rank, as its workers write it); from
+                now on the launcher's events carry it, so that two launchers on one host, or a
+                replaced node, stay apart in the ledger.
+        """
+        if node is not None:
+            self.recorder.rename(node)
         if self._open is not None:
             self.cycle_ended("crash")
         self._open = self._cycles

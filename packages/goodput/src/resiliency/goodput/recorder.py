@@ -135,6 +135,12 @@ class Recorder:
             return
         self._enqueue(event, time.monotonic(), time.time(), fields)
 
+    def rename(self, node: str) -> None:
+        """Write later events under ``node`` (those queued so far keep the old name)."""
+        if node != self.node:
+            self.flush()
+            self.node = node
+
     def flush(self) -> None:
         """Write every queued event now (on the calling thread)."""
         if not self._enabled:

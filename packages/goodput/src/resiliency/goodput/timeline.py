@@ -99,18 +99,39 @@ class Timeline:
 
 
 def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
-    first: dict[int, float] = {}
-    for ev in ledger.events:
-        if ev.event == "cycle_started":
-            number = int(ev.data["cycle"])
-            first[number] = min(first.get(number, ev.time), ev.time)
-    if not first:  # a ledger without launcher events: the workers' attempt numbers
+    """Start time and number of each of the job's cycles.
+
+    Every node's launcher numbers its own cycles, and a node that was replaced starts again
+    from 0, so the job's cycles are cut from the nodes' ``cycle_started`` events by time: a
+    node's start opens a new job cycle once progress (a step or a load) was made since the
+    current one opened, or when that node already started in it. The other nodes' starts of
+    the same restart join it. Job cycles are numbered in order.
+    """
+    node_starts = [(ev.time, ev.node) for ev in ledger.events if ev.event == "cycle_started"]
+    if not node_starts:  # a ledger without launcher events: the workers' attempt numbers
+        first: dict[int, float] = {}
         for ev in ledger.events:
             first[ev.attempt] = min(first.get(ev.attempt, ev.time), ev.time)
         for when, _, attempt in ledger.steps:
             if attempt not in first or when < first[attempt]:
                 first[attempt] = when
-    starts = sorted((when, number) for number, when in first.items())
+        starts = sorted((when, number) for number, when in first.items())
+    else:
+        progress = sorted(
+            [s[0] for s in ledger.steps]
+            + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
+        )
+        starts = []
+        nodes: set[str] = set()
+        for when, node in node_starts:
+            opened = starts[-1][0] if starts else None
+            moved = opened is not None and bisect.bisect_right(
+                progress, when
+            ) > bisect.bisect_right(progress, opened)
+            if opened is None or moved or node in nodes:
+                starts.append((when, len(starts)))
+                nodes = set()
+            nodes.add(node)
     if not starts:
         return [(start, 0)]
     return [(start, starts[0][1]), *starts[1:]]  # the first cycle also holds what came before

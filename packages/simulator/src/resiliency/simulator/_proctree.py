@@ -24,13 +24,15 @@ class Proc:
 
 
 def read_proc(pid: int) -> Proc | None:
-    """Return what /proc says of ``pid``, or None when it is gone."""
+    """Return what /proc says of ``pid``, or None when it is gone (or exited, not yet reaped)."""
     try:
         raw = (_PROC / str(pid) / "stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name may hold spaces and parentheses: the fixed fields follow the last ')'.
     fields = raw[raw.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # a zombie has exited: nothing to signal or wait for
+        return None
     return Proc(pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), start_ticks=int(fields[19]))
 
 
