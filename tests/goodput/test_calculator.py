@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resiliency.goodput import CATEGORIES, GoodputError, compute, read_ledger
+from resiliency.goodput.calculator import _median_deviation
 
 from ._ledgers import MIN, line, worked_example, write
 
@@ -218,3 +222,12 @@ def test_a_node_starting_twice_without_progress_opens_a_new_cycle(tmp_path: Path
     ]
     report = _report(tmp_path, lines, reference=120.0)
     assert [(a.cycle, a.cause) for a in report.attempts] == [(0, "crash"), (1, None)]
+
+
+@given(st.lists(st.sampled_from([0.1, 0.2, 0.25, 0.3, 1.0, 7.5]) | st.floats(0, 10), min_size=1))
+def test_the_median_deviation_equals_the_plain_computation(raw: list[float]) -> None:
+    values = sorted(raw)
+    median = values[math.ceil(len(values) / 2) - 1]
+    deviations = sorted(abs(v - median) for v in values)
+    expected = deviations[math.ceil(len(deviations) / 2) - 1]
+    assert _median_deviation(values, median) == expected

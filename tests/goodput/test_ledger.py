@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resiliency.goodput import compute, read_ledger
+from resiliency.goodput import Recorder, compute, read_ledger
 
 from ._ledgers import MIN, line, worked_example, write
 
@@ -163,3 +163,38 @@ def test_incremental_reading_parses_only_what_was_appended(tmp_path: Path) -> No
     assert compute(second).whole.seconds == compute(full).whole.seconds
     assert reader.update().lines == len(lines)  # nothing new: nothing read twice
     assert len(reader.update().steps) == len(full.steps)
+
+
+def _mixed_ledger(directory: Path) -> Path:
+    """The recorder's own step lines, blocks of them, with bad and other lines in between."""
+    recorder = Recorder(directory, job="j", rank=0, step_interval_s=0.0)
+    for n in range(1, 30001):
+        recorder.step(n)
+        if n % 7000 == 0:
+            recorder.emit("checkpoint_saved", step=n, tier="local", bytes=1, blocked_s=0, total_s=0)
+    recorder.close()
+    assert recorder.path is not None
+    lines = recorder.path.read_bytes().splitlines(keepends=True)
+    lines.insert(12000, b'{"schema":1,"job":"j","event":"step" oops\n')
+    lines.insert(20000, b'{"schema":1,"job":"j","event":"step","step":"x"}\n')
+    recorder.path.write_bytes(b"".join(lines))
+    return recorder.path
+
+
+def test_step_lines_read_in_worker_processes_give_the_same_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from resiliency.goodput import ledger as ledger_module  # noqa: PLC0415
+
+    path = _mixed_ledger(tmp_path)
+    serial = read_ledger([path])
+    monkeypatch.setattr(ledger_module, "BLOCK_BYTES", 64 << 10)  # many blocks
+    monkeypatch.setattr(ledger_module, "parallel_workers", lambda nbytes: 2)
+    parallel = read_ledger([path])
+    assert len(serial.steps) == 30000
+    assert parallel.steps == serial.steps
+    assert [(e.event, e.line) for e in parallel.events] == [
+        (e.event, e.line) for e in serial.events
+    ]
+    assert parallel.warnings == serial.warnings
+    assert [w.split(": ", 1)[0].rsplit(":", 1)[1] for w in serial.warnings] == ["12001", "20001"]

@@ -144,6 +144,34 @@ def _median(values: list[float], weights: list[int] | None) -> float:
     return _weighted_median(list(zip(values, weights, strict=True)))
 
 
+def _median_deviation(values: list[float], median: float) -> float:
+    """Lower median of ``|v - median|`` over sorted ``values``, without building that list.
+
+    The deviations are two sorted runs, ``median - v`` below the median (read backwards) and
+    ``v - median`` from it on; their k-th smallest is found by bisection in O(log n).
+    """
+    split = bisect.bisect_left(values, median)
+    a_len, b_len = split, len(values) - split
+
+    def a(i: int) -> float:
+        return median - values[split - 1 - i]
+
+    def b(j: int) -> float:
+        return values[split + j] - median
+
+    take = max(math.ceil(len(values) / 2), 1)  # how many of the smallest to take
+    lo, hi = max(0, take - b_len), min(take, a_len)
+    while True:  # i from the first run, take - i from the second
+        i = (lo + hi) // 2
+        j = take - i
+        if i < a_len and j > 0 and b(j - 1) > a(i):
+            lo = i + 1
+        elif i > 0 and j < b_len and a(i - 1) > b(j):
+            hi = i - 1
+        else:
+            return max(a(i - 1) if i > 0 else -math.inf, b(j - 1) if j > 0 else -math.inf)
+
+
 def auto_step_time(timeline: Timeline) -> float | None:
     """Median of step durations no longer than median + 3 x MAD (weighted by steps)."""
     work = timeline.work
@@ -152,8 +180,7 @@ def auto_step_time(timeline: Timeline) -> float | None:
     if min(work.n) == max(work.n) == 1:  # every step recorded: plain medians, sorted in C
         values = sorted(work.eff)
         median = _median(values, None)
-        deviations = map(abs, map(operator.sub, values, itertools.repeat(median)))
-        mad = _median(sorted(deviations), None)
+        mad = _median_deviation(values, median)
         limit = median + 3.0 * mad
         return _median(values[: bisect.bisect_right(values, limit)], None)
     pairs = sorted(zip(map(operator.truediv, work.eff, work.n), work.n, strict=True))

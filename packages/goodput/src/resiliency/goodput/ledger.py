@@ -9,15 +9,17 @@ Events of every file are merged by wall time. Google Cloud Resiliency logs (line
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import operator
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resiliency.goodput._step_scan import looks_like_steps, parallel_workers, scan, scan_all
 from resiliency.goodput._time import _minute_cache, parse_time
 from resiliency.goodput.errors import GoodputError
 from resiliency.goodput.google import GoogleLog, convert_google_line
@@ -27,6 +29,7 @@ BLOCK_BYTES = 1 << 20
 _MINUTE = operator.itemgetter(slice(0, 16))
 _SECONDS = operator.itemgetter(slice(17, 26))
 _ZONE = operator.itemgetter(slice(26, None))
+_UNSCANNED = object()
 CLOCK_TOLERANCE_S = 1.0
 MAX_WARNINGS_PER_FILE = 20
 
@@ -143,6 +146,20 @@ class _FileReader:
             final: also take a last line without its newline (and warn if it is cut); False
                 leaves it for the next call (a writer may be writing it).
         """
+        blocks = list(self._blocks(final))
+        size = sum(len(b) for b, _, _ in blocks)
+        workers = parallel_workers(size)
+        scanned: list[Any] = [_UNSCANNED] * len(blocks)
+        if workers > 1:
+            scanned = scan_all([b for b, _, _ in blocks], workers)
+        for (block, before, truncated), result in zip(blocks, scanned, strict=True):
+            self._block(block, before, truncated, result)
+            if progress is not None:
+                progress(len(block))
+
+    def _blocks(self, final: bool) -> Iterator[tuple[bytes, int, bool]]:
+        """``(block, lines before it, last line cut)`` of whole lines appended since the last
+        call (and of a last line without its newline if ``final``)."""
         with self.path.open("rb") as stream:
             stream.seek(self.offset)
             rest = b""
@@ -151,21 +168,35 @@ class _FileReader:
                 block = rest + data
                 if not data:
                     if block and final:
-                        self._block(block, self.lines, truncated=not block.endswith(b"\n"))
-                        self.lines += block.count(b"\n") + (not block.endswith(b"\n"))
+                        cut = not block.endswith(b"\n")
+                        yield block, self.lines, cut
+                        self.lines += block.count(b"\n") + cut
                         self.offset += len(block)
-                    break
-                cut = block.rfind(b"\n") + 1
-                block, rest = block[:cut], block[cut:]
+                    return
+                end = block.rfind(b"\n") + 1
+                block, rest = block[:end], block[end:]
                 if block:
-                    self._block(block, self.lines, truncated=False)
+                    yield block, self.lines, False
                     self.lines += block.count(b"\n")
                     self.offset += len(block)
-                if progress is not None:
-                    progress(len(data))
 
-    def _block(self, block: bytes, before: int, truncated: bool) -> None:
-        """Parse a block of whole lines (the last one maybe without its newline)."""
+    def _block(self, block: bytes, before: int, truncated: bool, scanned: Any) -> None:
+        """Parse a block of whole lines (the last one maybe without its newline).
+
+        ``scanned``: the block's `scan` done elsewhere, None if it found no step lines to read
+        without JSON, or ``_UNSCANNED``.
+        """
+        if scanned is _UNSCANNED and looks_like_steps(block):
+            try:  # mostly the recorder's step lines: read them without JSON
+                scanned = scan(block)
+            except ValueError:  # e.g. an impossible date: the JSON reader says where
+                scanned = None
+        if scanned is not None and scanned is not _UNSCANNED:
+            steps, others = scanned
+            self.ledger.steps.extend(steps)
+            for index, raw in others:
+                self._line(before + 1 + index, raw, cut=False)
+            return
         body = block[:-1] if block.endswith(b"\n") else block
         try:  # one parse for the whole block: much faster than a parse per line
             objs = json.loads(b"[" + body.replace(b"\n", b",") + b"]")
@@ -177,20 +208,24 @@ class _FileReader:
     def _lines(self, lines: list[bytes], before: int, truncated: bool) -> None:
         """The slow way, line by line, for a block with a bad line."""
         for n, raw in enumerate(lines, before + 1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except ValueError as exc:
-                if truncated and n == before + len(lines):
-                    self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
-                else:
-                    reason = getattr(exc, "msg", str(exc))
-                    shown = text[:80].decode("utf-8", "replace")
-                    self.warn(n, f"malformed line skipped ({reason}): {shown!r}")
-                continue
-            self._add(n, obj)
+            self._line(n, raw, cut=truncated and n == before + len(lines))
+
+    def _line(self, n: int, raw: bytes, cut: bool) -> None:
+        """Parse line ``n``; ``cut``: it is the last line and has no newline."""
+        text = raw.strip()
+        if not text:
+            return
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            if cut:
+                self.warn(n, f"truncated last line (no newline; {len(raw)} bytes) skipped")
+            else:
+                reason = getattr(exc, "msg", str(exc))
+                shown = text[:80].decode("utf-8", "replace")
+                self.warn(n, f"malformed line skipped ({reason}): {shown!r}")
+            return
+        self._add(n, obj)
 
     def _objects(self, objs: list[Any], first: int) -> None:
         """Add parsed lines; well-formed step lines in bulk (there can be millions)."""
@@ -393,4 +428,12 @@ def read_ledger(
         paths: files or directories.
         progress: called with ``(bytes read, total bytes)`` as reading goes on.
     """
-    return LedgerReader(paths).update(progress, final=True)
+    collecting = gc.isenabled()
+    # A ledger is millions of small tuples and dicts without reference cycles: the cycle
+    # collector's passes over them would cost a fifth of the read and free nothing.
+    gc.disable()
+    try:
+        return LedgerReader(paths).update(progress, final=True)
+    finally:
+        if collecting:
+            gc.enable()
