@@ -3,7 +3,7 @@
 * ``report``: a ledger of ``--events`` events (default 1,000,000: a long job with every step
   recorded, checkpoint saves every 500 steps, a crash and a hang with restarts, over two node
   files) is generated, then ``resiliency-goodput report`` runs on it as a subprocess (what a
-  user types, interpreter start included), ``--repeats`` times. Target: <= 3 s.
+  user types, interpreter start included), ``--repeats`` times. Target: <= 3 s wall.
 * ``step()``: the cost per call on the calling (training) thread of an enabled rank-0
   recorder, timed in batches, median over ``--repeats`` repeats. Target: <= 2 us.
 
@@ -218,16 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         f"resiliency-goodput: ledger of {written:,} events ({size / 1e6:.0f} MB, "
         f"generated in {generated_s:.1f} s); goodput {100 * data['goodput']:.1f} %"
     )
-    print(f"{'figure':<44}{'median':>10}{'runs':>22}{'target':>10}")
-    rows = [
+    print(f"{'figure':<44}{'median':>10}  {'target':<8}{'runs'}")
+    rows: list[tuple[str, float, list[float], float | None]] = [
         ("report on the ledger (subprocess, wall s)", report_s, report_runs, REPORT_TARGET_S),
-        ("report on the ledger (its CPU time, s)", cpu_s, cpu_runs, REPORT_TARGET_S),
+        # Informational: it may exceed the wall time (the reader scans in worker processes).
+        ("report, CPU of all its processes (s)", cpu_s, cpu_runs, None),
         ("Recorder.step() per call, rank 0 (us)", step_us, step_runs, STEP_TARGET_US),
     ]
     for name, median, runs, target in rows:
-        verdict = "ok" if median <= target else "OVER"
+        verdict = "" if target is None else ("ok" if median <= target else "OVER")
+        bound = "" if target is None else f"<= {target:g}"
         spread = ", ".join(f"{r:.3g}" for r in runs)
-        print(f"{name:<44}{median:>10.3f}{spread:>22}{'<= ' + format(target, 'g'):>10}  {verdict}")
+        print(f"{name:<44}{median:>10.3f}  {bound:<6}{verdict:<4}  {spread}")
     if args.json is not None:
         payload = {
             "events": written,
