@@ -105,13 +105,30 @@ def _toolkit_callbacks(args: argparse.Namespace) -> list[L.Callback]:
         DistributedCheckpointCallback,
         EmergencyCheckpointCallback,
         FaultToleranceCallback,
+        LocalCheckpointCallback,
     )
 
+    checkpoints: L.Callback
+    if args.local_dir is not None:
+        # The simulated node's index names its failure domain: the group rank of a node can
+        # change when a replaced node joins again, its local disk cannot.
+        checkpoints = LocalCheckpointCallback(
+            args.local_dir,
+            local_ckpt_interval=args.local_every,
+            persistent_ckpt_dir=args.ckpt_dir,
+            persistent_ckpt_interval=args.persistent_every,
+            replicas=1,
+            keep_last=2,
+            node=os.environ.get("RESILIENCY_SIM_NODE"),
+            replication_timeout_s=60.0,
+        )
+    else:
+        checkpoints = DistributedCheckpointCallback(
+            args.ckpt_dir, every_n_train_steps=args.persistent_every, keep_last=2
+        )
     return [
         FaultToleranceCallback(autoresume=False, calculate_timeouts=False),
-        DistributedCheckpointCallback(
-            args.ckpt_dir, every_n_train_steps=args.persistent_every, keep_last=2
-        ),
+        checkpoints,
         EmergencyCheckpointCallback(lead=2),
     ]
 
@@ -123,6 +140,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--persistent-every", type=int, default=50)
+    p.add_argument("--local-dir", type=Path, help="toolkit: this node's local checkpoint tier")
+    p.add_argument("--local-every", type=int, default=10)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--gloo-timeout", type=float, default=60.0)
     args = p.parse_args()

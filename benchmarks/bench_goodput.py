@@ -9,7 +9,9 @@ plan, the same gloo timeout, the same step time and the same persistent checkpoi
 
 1. ``torchrun --max-restarts`` + Lightning with its standard ``ModelCheckpoint``;
 2. ``ft-launcher`` + resiliency's callbacks: heartbeats (hang detection), asynchronous verified
-   checkpoints and the agreed emergency checkpoint on preemption.
+   checkpoints in two tiers (node-local every ``--local-every`` steps with a replica on the other
+   node, persistent every ``--persistent-every`` steps, as setup 1) and the agreed emergency
+   checkpoint on preemption.
 
 Both write the same goodput ledger (setup 1 through a passive callback that only records), and
 ``resiliency.goodput.compute`` reads both. The simulator plays the scheduler: a node whose
@@ -100,6 +102,9 @@ def _command(
     ]
     if setup == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *rdzv, *job]
+    if args.local_every:
+        job += ["--local-dir", str(ckpt.parent / "local" / "node{node}")]
+        job += ["--local-every", str(args.local_every)]
     return [
         sys.executable,
         "-m",
@@ -136,6 +141,7 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
                 slow_ratio=0.5,
                 slow_duration_s=20.0,
                 ckpt_dir=ckpt,
+                local_ckpt_dir=str(ckpt.parent / "local" / "node{node}"),
                 goodput_dir=ledger,
                 env=env,
                 stdout=log,
@@ -233,6 +239,12 @@ def main() -> int:
     p.add_argument("--faults", default="kill,stop,slow,preempt,node_loss")
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--persistent-every", type=int, default=50)
+    p.add_argument(
+        "--local-every",
+        type=int,
+        default=10,
+        help="toolkit: node-local checkpoint (replicated to the other node) every N steps; 0: none",
+    )
     p.add_argument("--gloo-timeout", type=float, default=60.0)
     p.add_argument("--restart-after", type=float, default=5.0)
     p.add_argument("--setups", default="torchrun,toolkit")

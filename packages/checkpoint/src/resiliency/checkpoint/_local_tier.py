@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _dcp, _events, _holdings, _layout, _replicate, _staging
+from . import _dcp, _events, _holdings, _layout, _protocol, _replicate, _staging
 from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
 from .errors import SaveFailedError, WriterFailedError
 from .tiers import LocalTier
@@ -41,6 +41,7 @@ from .tiers import LocalTier
 logger = logging.getLogger(__name__)
 
 _GRACE_S = 30.0
+_STARTUP_TIMEOUT_S = 120.0  # the writer's imports, slow on a loaded node
 
 
 @dataclass
@@ -139,7 +140,9 @@ class LocalSaver:
             if self._writer is not None:
                 self._writer.kill()
             self._writer = WriterProcess()
-        self._writer.wait_ready(time.monotonic() + max(120.0, self.writer_timeout_s))
+        # No wait for the writer's start-up here: what is sent waits in its socket, and the
+        # completion thread waits for it to be ready. A writer still importing torch (at the
+        # first save after a restart, on a busy node) does not block the training step.
         items = plan.items()
         values = [plan.resolve(item) for item in items]
         slots, total = _staging.layout(values)
@@ -166,7 +169,8 @@ class LocalSaver:
         save = self.inflight
         if save is None:
             return
-        bound = self.writer_timeout_s + self.tier.timeout_s + _GRACE_S
+        bound = max(_STARTUP_TIMEOUT_S, self.writer_timeout_s) + self.writer_timeout_s
+        bound += self.tier.timeout_s + _GRACE_S
         if not save.done.wait(bound if timeout is None else timeout):
             if timeout is not None:
                 raise TimeoutError(f"the local save of step {save.step} is still in flight")
@@ -180,8 +184,11 @@ class LocalSaver:
         if save.failed or self._writer is None:
             return None
         try:
-            reply = self._writer.recv(save.handed_over + self.writer_timeout_s)
-        except (WriterDiedError, WriterHungError) as exc:
+            self._writer.wait_ready(
+                save.handed_over + max(_STARTUP_TIMEOUT_S, self.writer_timeout_s)
+            )
+            reply = self._writer.recv(time.monotonic() + self.writer_timeout_s)
+        except (WriterDiedError, WriterHungError, _protocol.ProtocolError) as exc:
             self._writer.kill()
             save.fail(f"rank {self.rank}: local-tier writer failed: {exc}", writer=True)
             return None
