@@ -1,7 +1,7 @@
 """The goodput benchmark: one seeded fault schedule against two setups of the same Lightning job.
 
     nox -s bench_goodput
-    python benchmarks/bench_goodput.py --results benchmarks/results [--duration 600] [--seed 1]
+    python benchmarks/bench_goodput.py --results benchmarks/results [--duration 600] [--seed 9]
 
 A real CPU DDP job (2 nodes x 2 ranks on loopback, a small model with a fixed step time) runs
 under ``resiliency-simulate``'s runner twice, for the same wall-clock length, with the same fault
@@ -233,8 +233,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=HERE / "results")
     p.add_argument("--duration", type=float, default=600.0, help="wall seconds per setup")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--mtbf", type=float, help="default: duration / 10")
+    p.add_argument("--seed", type=int, default=9, help="9 draws every default kind")
+    p.add_argument("--mtbf", type=float, help="default: duration / 12")
     p.add_argument("--keep-alive", type=float, default=25.0)
     p.add_argument("--faults", default="kill,stop,slow,preempt,node_loss")
     p.add_argument("--step-time", type=float, default=0.2)
@@ -250,7 +250,7 @@ def main() -> int:
     p.add_argument("--setups", default="torchrun,toolkit")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
-    mtbf = args.mtbf or args.duration / 10
+    mtbf = args.mtbf or args.duration / 12
     plan = FaultPlan.from_seed(
         args.seed,
         faults=args.faults.split(","),
