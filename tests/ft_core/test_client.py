@@ -166,3 +166,43 @@ def test_ending_an_unopened_section_warns_and_bad_names_are_ignored(start_monito
     assert "section 'step' started again while open" in out
     assert out.count("section ignored: section name must be a string of 1 to 256") == 2
     assert "Traceback" not in out
+
+
+def test_taking_over_a_signal_handler_for_the_stack_dump_is_said(start_monitor, spawn_rank):
+    monitor = start_monitor(enable_stack_dump=True, stack_dump_signal="SIGUSR2")
+    rank = spawn_rank(
+        """
+        import logging
+        import signal
+        logging.basicConfig(level=logging.WARNING)
+        from resiliency.ft import RankMonitorClient
+        signal.signal(signal.SIGUSR2, lambda *a: print("the job's own handler"))
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        client.shutdown_workload_monitoring()
+        """,
+        monitor,
+        prelude=False,
+    )
+    assert rank.wait() == 0, rank.output()
+    out = rank.output()
+    assert "the stack dump on a hang takes SIGUSR2" in out, out
+    assert "stack_dump_signal" in out
+
+
+def test_a_free_stack_dump_signal_is_taken_silently(start_monitor, spawn_rank):
+    monitor = start_monitor(enable_stack_dump=True, stack_dump_signal="SIGUSR2")
+    rank = spawn_rank(
+        """
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        from resiliency.ft import RankMonitorClient
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        client.shutdown_workload_monitoring()
+        """,
+        monitor,
+        prelude=False,
+    )
+    assert rank.wait() == 0, rank.output()
+    assert "stack dump on a hang takes" not in rank.output()

@@ -21,6 +21,7 @@ from typing import Any
 
 from resiliency.ft._bad_frames import BadFrameLog
 from resiliency.ft._conn import OVERSIZED, Conn
+from resiliency.ft._repeated_errors import RepeatedErrorLog
 from resiliency.ft.errors import ConfigError, FaultToleranceError, ProtocolError
 from resiliency.ft.protocol import (
     MAX_FRAME_BYTES,
@@ -58,6 +59,7 @@ class SocketLoop:
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
         self._stop_reason: str | None = None
         self._bad = BadFrameLog()
+        self._errors = RepeatedErrorLog(logger, "unexpected error in the monitor loop")
         self._hot = HotFrameDecoder()
 
     # -- hooks for the subclass ---------------------------------------------------------------
@@ -144,9 +146,9 @@ class SocketLoop:
             while self._stop_reason is None:
                 try:
                     self._iterate()
-                except Exception:
+                except Exception as exc:
                     # The loop must survive anything; a persistent failure is slowed, not spun.
-                    logger.exception("unexpected error in the monitor loop; continuing")
+                    self._errors.report(exc)
                     time.sleep(0.05)
             if self._bad.total:
                 logger.warning("dropped %d malformed frames in total", self._bad.total)

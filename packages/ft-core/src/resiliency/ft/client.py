@@ -14,6 +14,7 @@ import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import weakref
 from collections.abc import Iterable
@@ -136,6 +137,16 @@ class RankMonitorClient(HotPath):
         cfg = self.cfg
         if cfg is None or not cfg.enable_stack_dump:
             return
+        previous = signal.getsignal(cfg.stack_dump_signal)
+        if previous not in (signal.SIG_DFL, None):
+            logger.warning(
+                "%s: the stack dump on a hang takes %s; the handler installed for it before "
+                "(%r) no longer runs. Set stack_dump_signal to a signal the job does not use, "
+                "or enable_stack_dump: false, to keep it",
+                self._who(),
+                cfg.stack_dump_signal.name,
+                previous,
+            )
         try:
             # Append mode: the monitor truncates the file before asking for a dump.
             self._dump_file = open(dump_path, "a", encoding="utf-8")  # noqa: SIM115
