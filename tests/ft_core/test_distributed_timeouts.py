@@ -7,7 +7,10 @@ itself never requires it).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import time
 
 import pytest
 
@@ -59,3 +62,49 @@ def test_calculated_timeouts_are_the_max_over_ranks(start_monitor, spawn_rank, t
     current = states[0]["current_timeouts"]
     assert current["heartbeat"]["subsequent"] >= 0.25 * 2.0  # rank 1's longer gaps win
     assert set(current["section"]["calculated_sections"]) == {"step", "ckpt"}
+
+
+FAILING_RANK_CODE = """
+import datetime
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+group = dist.new_group([0, 1], backend="gloo")
+for _ in range(3):
+    client.send_heartbeat()
+    time.sleep(0.05)
+before = client.state_dict()
+dist.barrier()
+if rank == 1:  # the test kills this rank's monitor, then removes the file
+    open("kill-monitor-1", "w").close()
+    while os.path.exists("kill-monitor-1"):
+        time.sleep(0.02)
+dist.barrier()
+hb = client.calculate_and_set_hb_timeouts(process_group=group)
+sections = client.calculate_and_set_section_timeouts(process_group=group)
+print("RESULT", hb, sections, client.state_dict() == before, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_whose_monitor_fails_leaves_no_rank_in_a_collective(
+    start_monitor, spawn_rank, tmp_path
+):
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    monitors = [start_monitor(local_rank=i) for i in range(2)]
+    ranks = [spawn_rank(FAILING_RANK_CODE, monitors[i], rank=i, env=env) for i in range(2)]
+    flag = tmp_path / "kill-monitor-1"
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert time.monotonic() < deadline, ranks[1].output()
+        time.sleep(0.02)
+    os.kill(monitors[1].proc.pid, signal.SIGKILL)
+    while monitors[1].proc.is_alive():
+        time.sleep(0.01)
+    flag.unlink()
+    for rank in ranks:  # well within the 60 s collective timeout: nobody waits in a collective
+        assert rank.wait(30) == 0, rank.output()
+        assert "RESULT False False True" in rank.output(), rank.output()
+    assert "another rank could not read its monitor's statistics" in ranks[0].output()
+    assert "this rank's monitor did not answer" in ranks[1].output()

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from resiliency.ft import _peer
-from resiliency.ft._distributed import allreduce_max
+from resiliency.ft._distributed import all_agree, allreduce_max, distributed_initialized
 from resiliency.ft._hot_path import COLD_TIMEOUT_S, HotPath
 from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import MonitorUnavailableError, ProtocolError
@@ -214,9 +214,34 @@ class RankMonitorClient(HotPath):
         self._drain_backlog()
         return _peer.request(self._sock, msg, _REQUEST_TIMEOUT_S)
 
-    def _observed(self) -> ObservedIntervals:
-        local = ObservedIntervals.from_dict(self._request({"t": "stats"})["stats"])
-        return ObservedIntervals.from_flat(allreduce_max(local.to_flat()))
+    def _observed(self, process_group: Any) -> ObservedIntervals | None:
+        """The intervals observed on every rank (max over the group); None when a rank could
+        not read its own: then no rank runs the reduction, and each keeps its timeouts.
+
+        Raises:
+            MonitorUnavailableError, ProtocolError: this rank's request failed and there is no
+                process group to agree with (a single process).
+        """
+        local: ObservedIntervals | None = None
+        error: Exception | None = None
+        try:
+            self._safety_factor()
+            local = ObservedIntervals.from_dict(self._request({"t": "stats"})["stats"])
+        except (MonitorUnavailableError, ProtocolError, OSError) as exc:
+            error = exc
+        # One agreement first: a rank that failed must not skip a collective the others run.
+        if not all_agree(error is None, process_group):
+            if error is not None and not distributed_initialized():
+                raise error
+            reason = (
+                f"this rank's monitor did not answer ({error})"
+                if error is not None
+                else "another rank could not read its monitor's statistics"
+            )
+            logger.warning("%s: %s; every rank keeps its timeouts", self._who(), reason)
+            return None
+        assert local is not None
+        return ObservedIntervals.from_flat(allreduce_max(local.to_flat(), process_group))
 
     def _send_timeouts(self) -> None:
         if self._sock is not None:
@@ -243,7 +268,9 @@ class RankMonitorClient(HotPath):
             raise MonitorUnavailableError("call init_workload_monitoring() first")
         return self.cfg.safety_factor
 
-    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+    def calculate_and_set_hb_timeouts(
+        self, skip_if_not_ready: bool = False, process_group: Any = None
+    ) -> bool:
         """Set heartbeat timeouts from the intervals observed so far (max over all ranks).
 
         Call on every rank at the same point when torch.distributed is initialized.
@@ -252,17 +279,23 @@ class RankMonitorClient(HotPath):
             skip_if_not_ready: accepted for NVIDIA's resiliency extension, where False makes
                 "not enough data yet" an error. Here that case always returns False with a
                 warning (never raises), whatever this argument says.
+            process_group: the group whose ranks agree (default: the default group); every
+                member calls this at the same point.
 
         Returns:
             True when the timeouts were calculated and the monitor uses them; False when no
-            heartbeat has been observed yet.
+            heartbeat has been observed yet, or when a rank could not read its monitor (every
+            rank then keeps its timeouts, with a warning).
 
         Raises:
-            MonitorUnavailableError: Not connected, or the monitor does not answer.
+            MonitorUnavailableError: Not connected, or the monitor does not answer, in a single
+                process (with torch.distributed the ranks agree instead, see above).
             ProtocolError: The monitor refused the new timeouts.
         """
+        observed = self._observed(process_group)
+        if observed is None:
+            return False
         factor = self._safety_factor()
-        observed = self._observed()
         if observed.initial is None and observed.heartbeat is None:
             logger.warning(
                 "%s: no heartbeat observed yet; heartbeat timeouts unchanged", self._who()
@@ -283,6 +316,7 @@ class RankMonitorClient(HotPath):
         selected_sections: Iterable[str] | None = None,
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
+        process_group: Any = None,
     ) -> bool:
         """Set section timeouts from the durations observed so far (max over all ranks).
 
@@ -292,16 +326,20 @@ class RankMonitorClient(HotPath):
             skip_if_not_ready: accepted for NVIDIA's resiliency extension; as for
                 :meth:`calculate_and_set_hb_timeouts`, too little data returns False (with a
                 warning) and never raises.
+            process_group: as for :meth:`calculate_and_set_hb_timeouts`.
 
         Returns:
-            True when at least one timeout was calculated and the monitor uses it.
+            True when at least one timeout was calculated and the monitor uses it; False as
+            for :meth:`calculate_and_set_hb_timeouts`.
 
         Raises:
-            MonitorUnavailableError: Not connected, or the monitor does not answer.
+            MonitorUnavailableError: as for :meth:`calculate_and_set_hb_timeouts`.
             ProtocolError: The monitor refused the new timeouts.
         """
+        observed = self._observed(process_group)
+        if observed is None:
+            return False
         factor = self._safety_factor()
-        observed = self._observed()
         updated = calculate_section_timeouts(
             self._sections, observed, factor, selected_sections, calc_out_of_section
         )
