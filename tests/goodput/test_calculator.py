@@ -231,3 +231,37 @@ def test_the_median_deviation_equals_the_plain_computation(raw: list[float]) -> 
     deviations = sorted(abs(v - median) for v in values)
     expected = deviations[math.ceil(len(deviations) / 2) - 1]
     assert _median_deviation(values, median) == expected
+
+
+def test_without_launcher_events_a_rank_changing_its_restart_count_starts_a_cycle(
+    tmp_path: Path,
+) -> None:
+    # torchrun writes nothing: only the workers' restart counts show the restarts. Rank 0's
+    # node restarts its workers (0 -> 1), then is replaced by a fresh launcher (1 -> 0 again).
+    ld = dict(tier="persistent", bytes=1)
+    lines = [line("checkpoint_load_started", 0, rank=0, tier="persistent")]
+    for rank in (0, 1):
+        lines.append(line("checkpoint_loaded", 2, step=0, duration_s=MIN, rank=rank, **ld))
+    lines += [line("step", 2 + 2 * s, step=s, rank=0) for s in range(1, 11)]
+    for rank, attempt in ((0, 1), (1, 0)):
+        lines.append(
+            line(
+                "checkpoint_loaded",
+                30,
+                step=8,
+                duration_s=2 * MIN,
+                rank=rank,
+                attempt=attempt,
+                **ld,
+            )
+        )
+    lines += [line("step", 30 + 2 * (s - 8), step=s, rank=0, attempt=1) for s in range(9, 21)]
+    for rank in (0, 1):
+        lines.append(line("checkpoint_loaded", 62, step=20, duration_s=MIN, rank=rank, **ld))
+    lines += [line("step", 62 + 2 * (s - 20), step=s, rank=0) for s in range(21, 26)]
+    report = _report(tmp_path, lines, reference=120.0)
+    got = {k: v / MIN for k, v in report.whole.seconds.items() if v}
+    assert got == pytest.approx(
+        {"productive": 50.0, "startup": 1.0, "loading": 4.0, "lost_progress": 4.0, "restart": 13.0}
+    )
+    assert [(a.restore_step, a.last_step) for a in report.attempts] == [(0, 10), (8, 20), (20, 25)]

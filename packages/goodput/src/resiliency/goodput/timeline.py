@@ -102,39 +102,58 @@ def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
     """Start time and number of each of the job's cycles.
 
     Every node's launcher numbers its own cycles, and a node that was replaced starts again
-    from 0, so the job's cycles are cut from the nodes' ``cycle_started`` events by time: a
-    node's start opens a new job cycle once progress (a step or a load) was made since the
-    current one opened, or when that node already started in it. The other nodes' starts of
-    the same restart join it. Job cycles are numbered in order.
+    from 0, so the job's cycles are cut from the nodes' ``cycle_started`` events by time.
+    Without launcher events (torchrun), a rank changing its restart count (``attempt``)
+    marks a start instead. See `_join_starts`. Job cycles are numbered in order.
     """
     node_starts = [(ev.time, ev.node) for ev in ledger.events if ev.event == "cycle_started"]
-    if not node_starts:  # a ledger without launcher events: the workers' attempt numbers
-        first: dict[int, float] = {}
-        for ev in ledger.events:
-            first[ev.attempt] = min(first.get(ev.attempt, ev.time), ev.time)
-        for when, _, attempt in ledger.steps:
-            if attempt not in first or when < first[attempt]:
-                first[attempt] = when
-        starts = sorted((when, number) for number, when in first.items())
-    else:
-        progress = sorted(
-            [s[0] for s in ledger.steps]
-            + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
-        )
-        starts = []
-        nodes: set[str] = set()
-        for when, node in node_starts:
-            opened = starts[-1][0] if starts else None
-            moved = opened is not None and bisect.bisect_right(
-                progress, when
-            ) > bisect.bisect_right(progress, opened)
-            if opened is None or moved or node in nodes:
-                starts.append((when, len(starts)))
-                nodes = set()
-            nodes.add(node)
+    if not node_starts:
+        node_starts = _attempt_changes(ledger)
+    progress = sorted(
+        [s[0] for s in ledger.steps]
+        + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
+    )
+    starts = _join_starts(node_starts, progress)
     if not starts:
         return [(start, 0)]
-    return [(start, starts[0][1]), *starts[1:]]  # the first cycle also holds what came before
+    return [(start, 0), *((when, i + 1) for i, when in enumerate(starts[1:]))]
+
+
+def _attempt_changes(ledger: Ledger) -> list[tuple[float, str]]:
+    """``(time, rank)`` where a rank first writes under a new restart count (its node's
+    launcher restarted it); the ledger's first worker event counts as the first start.
+    Steps are rank 0's."""
+    marks = [
+        (ev.time, str(ev.data["rank"]), ev.attempt)
+        for ev in ledger.events
+        if ev.data.get("rank") is not None
+    ]
+    marks += [(when, "0", attempt) for when, _, attempt in ledger.steps]
+    marks.sort(key=_FIRST)
+    last: dict[str, int] = {}
+    changes: list[tuple[float, str]] = []
+    for when, rank, attempt in marks:
+        if not changes or (rank in last and last[rank] != attempt):
+            changes.append((when, rank))
+        last[rank] = attempt
+    return changes
+
+
+def _join_starts(node_starts: list[tuple[float, str]], progress: list[float]) -> list[float]:
+    """The job's cycle starts from the nodes' starts: a node's start opens a new job cycle once
+    progress (a step or a load) was made since the current one opened, or when that node
+    already started in it; otherwise it joins it (the other nodes of the same restart)."""
+    starts: list[float] = []
+    nodes: set[str] = set()
+    for when, node in node_starts:
+        if starts:
+            moved = bisect.bisect_left(progress, when) > bisect.bisect_right(progress, starts[-1])
+            if not moved and node not in nodes:
+                nodes.add(node)
+                continue
+        starts.append(when)
+        nodes = {node}
+    return starts
 
 
 def _merge_overlays(raw: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

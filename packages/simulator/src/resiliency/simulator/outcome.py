@@ -12,6 +12,9 @@ from resiliency.simulator.runner import Injection
 __all__ = ["FaultOutcome", "format_table", "outcomes", "timeline_of"]
 
 _DETECTION_EVENTS = frozenset({"hang_detected", "cycle_ended", "job_ended", "preempted"})
+# A launcher that writes no events (torchrun) shows its restarts only through its workers: a
+# restarted worker starting to load, or steps under another restart count.
+_RESTART_EVENTS = frozenset({"checkpoint_load_started"})
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,9 @@ class FaultOutcome:
         kind: the fault kind.
         victim: what was hit (``rank 3``, ``node 1``, a directory).
         injected_s: when it was injected; None when it could not be.
-        detected_s: the first hang, cycle end, preemption or job end after it, if any.
+        detected_s: the first hang, cycle end, preemption or job end after it, if any; for a
+            launcher that writes no events, the first sign of a restart (a worker loading a
+            checkpoint, a step under another restart count).
         recovered_s: the first training step after detection, if any.
         steps_lost: the steps done before the fault that were done again after it.
         note: why it was not injected, or what was done.
@@ -40,7 +45,10 @@ class FaultOutcome:
 def timeline_of(ledger: Ledger) -> list[tuple[float, dict[str, Any]]]:
     """Every event of a goodput ledger, steps included, as ``(wall time, fields)`` in order."""
     merged = [(e.time, {**e.data, "event": e.event}) for e in ledger.events]
-    merged.extend((t, {"event": "step", "step": step}) for t, step, _attempt in ledger.steps)
+    merged.extend(
+        (t, {"event": "step", "step": step, "attempt": attempt})
+        for t, step, attempt in ledger.steps
+    )
     merged.sort(key=lambda pair: pair[0])
     return merged
 
@@ -66,13 +74,32 @@ def outcomes(
             )
             continue
         at = inj.injected_wall
-        before = [int(e["step"]) for t, e in timeline if t <= at and e.get("event") == "step"]
+        steps_before = [e for t, e in timeline if t <= at and e.get("event") == "step"]
+        before = [int(e["step"]) for e in steps_before]
+        attempt = steps_before[-1].get("attempt") if steps_before else None
         detected = next(
-            (t for t, e in timeline if t > at and e.get("event") in _DETECTION_EVENTS), None
+            (
+                t
+                for t, e in timeline
+                if t > at
+                and (
+                    e.get("event") in _DETECTION_EVENTS
+                    or e.get("event") in _RESTART_EVENTS
+                    or (e.get("event") == "step" and e.get("attempt", attempt) != attempt)
+                )
+            ),
+            None,
         )
         after = detected if detected is not None else at
         first_step = next(
-            ((t, e) for t, e in timeline if t > after and e.get("event") == "step"), None
+            (
+                (t, e)
+                for t, e in timeline
+                # a step under a new restart count is both the detection and the recovery
+                if (t > after or (t == detected and e.get("attempt", attempt) != attempt))
+                and e.get("event") == "step"
+            ),
+            None,
         )
         loaded = next(
             (

@@ -1,0 +1,28 @@
+"""What a fault did, read from the ledger: also for a launcher that writes no events."""
+
+from __future__ import annotations
+
+from resiliency.simulator import Fault, Injection, outcomes
+
+T0 = 1_000.0
+
+
+def _kill_at(t: float) -> Injection:
+    return Injection(Fault(at_s=t - T0, kind="kill", victim=1, seed=0), 0.0, t, "rank 1", "SIGKILL")
+
+
+def test_torchrun_restarts_are_seen_through_the_workers() -> None:
+    # No cycle or hang events: the workers' load after the restart is the first sign of it.
+    timeline = [(T0 + 1 + s, {"event": "step", "step": s, "attempt": 0}) for s in range(1, 10)]
+    timeline.append((T0 + 20, {"event": "checkpoint_load_started", "tier": "persistent"}))
+    timeline.append((T0 + 21, {"event": "checkpoint_loaded", "step": 5}))
+    timeline += [(T0 + 16 + s, {"event": "step", "step": s, "attempt": 1}) for s in range(6, 9)]
+    (row,) = outcomes([_kill_at(T0 + 10.5)], sorted(timeline, key=lambda p: p[0]), T0)
+    assert (row.detected_s, row.recovered_s, row.steps_lost) == (20.0, 22.0, 4)
+
+
+def test_a_step_under_another_restart_count_is_a_detection() -> None:
+    timeline = [(T0 + s, {"event": "step", "step": s, "attempt": 0}) for s in range(1, 6)]
+    timeline += [(T0 + 10 + s, {"event": "step", "step": s, "attempt": 1}) for s in (1, 2)]
+    (row,) = outcomes([_kill_at(T0 + 5.5)], timeline, T0)
+    assert (row.detected_s, row.recovered_s) == (11.0, 11.0)
