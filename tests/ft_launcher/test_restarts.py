@@ -91,9 +91,30 @@ def test_restarts_exhausted_exits_1_with_root_cause(launch, marker_dir: Path, tm
     )
     assert launcher.wait(40) == 1, launcher.log()
     assert "done-1-0" not in markers(marker_dir, "done")
-    last = launcher.log().strip().splitlines()[-1]
+    log = launcher.log()
+    (last,) = [x for x in log.splitlines() if "ft-launcher exits" in x]
     assert "exits 1 (restarts_exhausted)" in last
     assert "root cause: rank 1 (local rank 1" in last and "exited with code 7" in last
+    # ... and torch's failure table after it, as torchrun prints it
+    assert "ChildFailedError" in log and "Root Cause (first observed failure)" in log
+    assert "exitcode  : 7" in log
     verdict = json.loads(status.read_text())
     assert verdict["exit_code"] == 1 and verdict["reason"] == "restarts_exhausted"
     assert len(verdict["failures"]) == 2
+
+
+def test_a_worker_exception_gives_torchruns_failure_report_and_error_file(launch, tmp_path: Path):
+    error_file = tmp_path / "launcher-error.json"
+    worker = Path(__file__).parent / "workers" / "record_worker.py"
+    launcher = launch(
+        ["--nproc-per-node", "2", "--max-restarts", "0", *FAST_FT_FLAGS, str(worker)],
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    assert launcher.wait(60) == 1, launcher.log()
+    log = launcher.log()
+    assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError" in log
+    assert "Root Cause (first observed failure)" in log
+    assert "rank      : 1 (local_rank: 1)" in log
+    assert "injected failure in rank 1" in log  # the worker's traceback, from its error file
+    copied = json.loads(error_file.read_text())  # the worker's error, copied by @record
+    assert "injected failure in rank 1" in json.dumps(copied)

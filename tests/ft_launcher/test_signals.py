@@ -103,3 +103,24 @@ def test_node_turning_unhealthy_while_running_leaves_the_job(launch, marker_dir:
     log = launcher.log()
     assert "node health check failed" in log and "GPU 3 lost" in log
     assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))
+
+
+def test_a_slow_health_check_does_not_delay_hang_detection(launch, marker_dir: Path, tmp_path):
+    # The check passes at once before the rendezvous, then takes 30 s on every later run: it
+    # runs in its own thread, and the supervision loop still acts on the hang at once.
+    seen = tmp_path / "checked-once"
+    check = (
+        f'{sys.executable} -c "import os, time; '
+        f"f = '{seen}'; os.path.exists(f) and time.sleep(30); open(f, 'w').close()\""
+    )
+    interval = ("--ft-node-health-check-interval", "0.2")
+    args = _args("hang_hb", marker_dir, "--node-health-check-cmd", check, *interval)
+    launcher = launch(args)
+    wait_for_markers(marker_dir, "hang", 1, 30)
+    hung_at = time.monotonic()
+    launcher.wait_for_log("hung: heartbeat", 25)
+    took = time.monotonic() - hung_at
+    # The heartbeat timeout is 1.5 s; a loop blocked by the check would wait out its 30 s.
+    assert took < 10.0, f"the hang was acted on {took:.1f} s after it began\n{launcher.log()}"
+    assert launcher.wait(60) == 0, launcher.log()
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))

@@ -71,6 +71,7 @@ def main() -> int:
             client.start_section("step")
         if step == args.fault_step:
             if mode in ("hang_hb", "hang_in_section"):
+                mark(marker, f"hang-{RANK}-{ATTEMPT}")
                 time.sleep(3600)
             elif mode == "crash":
                 os._exit(7)

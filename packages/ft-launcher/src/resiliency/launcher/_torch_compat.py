@@ -14,15 +14,20 @@ The private pieces this module wraps, each verified against the torch versions l
   every (re)join and to pick up the new round's store after it.
 * ``SimpleElasticAgent._initialize_workers`` / ``_restart_workers``: called by the launcher's loop
   (rendezvous + start; stop + rendezvous + start).
-* ``SimpleElasticAgent._remaining_restarts`` and ``LocalElasticAgent._pcontext``: the restart
-  budget and the worker process handles (exit codes after a shutdown).
+* ``SimpleElasticAgent._remaining_restarts``, ``_exit_barrier_timeout`` and
+  ``LocalElasticAgent._pcontext``: the restart budget, the exit barrier's limit and the worker
+  process handles (exit codes after a shutdown).
+* ``LocalElasticAgent._shutdown`` / ``_stop_workers``: their parameters changed across versions
+  (``timeout``, ``is_restart``); overrides accept all, calls pass what this torch takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import re
+import signal
 import subprocess
 from typing import Any
 
@@ -38,6 +43,13 @@ logger = logging.getLogger(__name__)
 
 MIN_TORCH = (2, 4)
 TESTED_TORCH = ((2, 13),)
+
+
+# The parameters of torch's LocalElasticAgent._shutdown across the supported versions: torch
+# 2.4 takes (death_sig, timeout), 2.5-2.7 added is_restart (also to _stop_workers), later
+# versions dropped it again. Overrides accept all of them; calls pass what this torch takes.
+_SHUTDOWN_PARAMS = frozenset(inspect.signature(LocalElasticAgent._shutdown).parameters)
+_SHUTDOWN_KNOWN = frozenset({"self", "death_sig", "timeout", "is_restart"})
 
 
 def _torch_version() -> tuple[int, int]:
@@ -78,6 +90,17 @@ def check_torch_version() -> tuple[int, int]:
             f"torch {torch.__version__} lacks the elastic-agent hooks {missing} that ft-launcher "
             f"extends; install a torch version ft-launcher was tested with "
             f"({', '.join(f'{a}.{b}' for a, b in TESTED_TORCH)})"
+        )
+    unknown = [
+        name
+        for name, param in inspect.signature(LocalElasticAgent._shutdown).parameters.items()
+        if name not in _SHUTDOWN_KNOWN and param.default is inspect.Parameter.empty
+    ]
+    if unknown:
+        raise TorchVersionError(
+            f"torch {torch.__version__}'s LocalElasticAgent._shutdown needs {unknown}, which "
+            "ft-launcher does not know how to pass; install a torch version ft-launcher was "
+            f"tested with ({', '.join(f'{a}.{b}' for a, b in TESTED_TORCH)})"
         )
     if version not in TESTED_TORCH:
         logger.warning(
@@ -144,6 +167,18 @@ class CompatAgent(LocalElasticAgent):
         self._restart_workers(self._worker_group)
 
     # --- private torch details --------------------------------------------------------------
+    def shutdown_workers(
+        self, death_sig: signal.Signals, *, timeout: float, is_restart: bool
+    ) -> None:
+        """torch's ``LocalElasticAgent._shutdown``: some versions take ``timeout``, some
+        ``is_restart``, some both (checked once, by `check_torch_version`)."""
+        kwargs: dict[str, Any] = {}
+        if "timeout" in _SHUTDOWN_PARAMS:
+            kwargs["timeout"] = int(timeout)
+        if "is_restart" in _SHUTDOWN_PARAMS:
+            kwargs["is_restart"] = is_restart
+        LocalElasticAgent._shutdown(self, death_sig, **kwargs)
+
     def _set_local_rank_env(
         self, worker_env: dict[str, str | None], local_rank: int, spec: WorkerSpec
     ) -> None:
@@ -169,6 +204,11 @@ class CompatAgent(LocalElasticAgent):
     @remaining_restarts.setter
     def remaining_restarts(self, value: int) -> None:
         self._remaining_restarts = value
+
+    @property
+    def exit_barrier_timeout(self) -> float:
+        """Seconds the exit barrier may wait for the other nodes (torch's agent setting)."""
+        return float(self._exit_barrier_timeout)
 
     @property
     def worker_group(self) -> WorkerGroup:

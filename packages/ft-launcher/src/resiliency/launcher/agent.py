@@ -31,7 +31,8 @@ from resiliency.launcher.coordination import (
 from resiliency.launcher.diagnosis import HangDiagnosis
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
-from resiliency.launcher.health import run_health_checks
+from resiliency.launcher.health import HealthResult, run_health_checks
+from resiliency.launcher.health_watch import HealthWatch
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState
@@ -41,6 +42,7 @@ from resiliency.launcher.preemption import (
     launcher_stopping,
 )
 from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher.worker_groups import WorkerProcessGroups
 from resiliency.launcher.workload_control import (
     exclude_this_node,
     follow_shutdown,
@@ -51,6 +53,11 @@ from resiliency.launcher.workload_control import (
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 
 logger = logging.getLogger(__name__)
+
+
+def _unhealthy(failed: list[HealthResult]) -> Outcome:
+    detail = "; ".join(f"{r.name}: {r.detail}" for r in failed)
+    return Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", f"node health check failed: {detail}")
 
 
 class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
@@ -101,13 +108,13 @@ class FtElasticAgent(CompatAgent):
         self._cycle = self._new_cycle()
         self._shared: SharedRoundState | None = None
         self._published_failure = False
-        self._worker_pgids: set[int] = set()
+        self._worker_groups = WorkerProcessGroups()
         self.outcome: Outcome | None = None
         self.restarts_done = 0
         self.hangs_detected = 0
         self.verdicts: list[str] = []
         self.attempt_causes: list[str] = []
-        self._next_health_check = 0.0
+        self._health: HealthWatch | None = None
         self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
         self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
 
@@ -129,15 +136,9 @@ class FtElasticAgent(CompatAgent):
 
     def _check_node_health(self) -> None:
         """Run the node health checks; raise :class:`_NodeLeaves` if any of them fails."""
-        self._next_health_check = (
-            time.monotonic() + self._settings.ft_cfg.node_health_check_interval
-        )
-        results = run_health_checks(self._settings.health_checks)
-        failed = [r for r in results if not r.healthy]
+        failed = [r for r in run_health_checks(self._settings.health_checks) if not r.healthy]
         if failed:
-            detail = "; ".join(f"{r.name}: {r.detail}" for r in failed)
-            detail = f"node health check failed: {detail}"
-            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", detail))
+            raise _NodeLeaves(_unhealthy(failed))
 
     def after_rendezvous(self, worker_group: WorkerGroup) -> None:
         """Bind the shared round state to the new round's store."""
@@ -154,7 +155,7 @@ class FtElasticAgent(CompatAgent):
         self.goodput.cycle_started(node=str(worker_group.group_rank))
         for local_rank, pid in pids.items():
             rank = worker_group.workers[local_rank].global_rank
-            self._worker_pgids.add(int(pid))
+            self._worker_groups.add(int(pid))
             self._cycle.pids[local_rank] = int(pid)
             self._cycle.ranks[local_rank] = rank
             self._monitors.worker_started(local_rank, int(pid), rank=rank, restart=restart)
@@ -165,29 +166,20 @@ class FtElasticAgent(CompatAgent):
         )
         return pids
 
-    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+    def _stop_workers(self, worker_group: WorkerGroup, is_restart: bool = False) -> None:
         # A stop of our own (restart, failure), not a preemption: no emergency save.
         launcher_stopping(self._settings.preemption, True)
-        self._shutdown(timeout=self._settings.workers_stop_timeout)  # type: ignore[arg-type]
+        self._shutdown(timeout=self._settings.workers_stop_timeout, is_restart=is_restart)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def _shutdown(
+        self,
+        death_sig: signal.Signals = signal.SIGTERM,
+        timeout: float = 30,
+        is_restart: bool = False,
+    ) -> None:
         self._monitors.workers_stopped()
-        super()._shutdown(death_sig, timeout)
-        self._kill_leftover_process_groups()
-
-    def _kill_leftover_process_groups(self) -> None:
-        # Each worker leads its own process group (torch starts it in a new session); children
-        # such as data-loader workers stay in it, and may outlive a worker killed by its monitor.
-        for pgid in sorted(self._worker_pgids):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            except PermissionError as exc:
-                logger.warning("cannot kill leftover process group %d: %s", pgid, exc)
-                continue
-            logger.warning("killed leftover processes of worker process group %d", pgid)
-        self._worker_pgids.clear()
+        self.shutdown_workers(death_sig, timeout=timeout, is_restart=is_restart)
+        self._worker_groups.end_leftovers()
 
     # --- monitoring ---------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -315,6 +307,10 @@ class FtElasticAgent(CompatAgent):
         Returns:
             torch's ``RunResult`` of the last attempt; :attr:`outcome` tells how the job ended.
         """
+        checks = self._settings.health_checks
+        if checks:  # while the workers run: in the background, read by the loop
+            self._health = HealthWatch(checks, self._settings.ft_cfg.node_health_check_interval)
+            self._health.start()
         try:
             return self._supervise()
         except _NodeLeaves as leave:
@@ -322,11 +318,14 @@ class FtElasticAgent(CompatAgent):
             logger.error("this node leaves the job: %s", leave.outcome.detail)
             if self._shared is not None:
                 self._shared.publish_left()
-            self._stop_workers(self._worker_group)
+            self._stop_workers(self.worker_group)
             return stopped_result()
+        finally:
+            if self._health is not None:
+                self._health.stop()
 
     def _supervise(self) -> RunResult:  # noqa: PLR0911 - one return per way the job ends
-        group = self._worker_group
+        group = self.worker_group
         spec = group.spec
         self.initialize_workers()
         while True:
@@ -348,9 +347,9 @@ class FtElasticAgent(CompatAgent):
                 return self._follow_shutdown(result, shared.shutdown)
             if self._cycle.exclude is not None:
                 return self._exclude_this_node(result)
-            if self._settings.health_checks and time.monotonic() >= self._next_health_check:
+            if self._health is not None and (failed := self._health.failures()):
                 # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
-                self._check_node_health()
+                raise _NodeLeaves(_unhealthy(failed))
 
             local = {
                 WorkerState.SUCCEEDED: LocalState.SUCCEEDED,
@@ -420,7 +419,7 @@ class FtElasticAgent(CompatAgent):
 
     # --- min-healthy standby --------------------------------------------------------------------
     def _standby(self, result: RunResult) -> RunResult | None:
-        group = self._worker_group
+        group = self.worker_group
         spec = group.spec
         self._stop_workers(group)
         if self._shared is None:
@@ -470,7 +469,7 @@ class FtElasticAgent(CompatAgent):
         """Wait until every node of the round finished or stepped aside, then release standbys."""
         if self._shared is not None:
             exit_barrier(
-                self._shared, self._worker_group.group_world_size or 1, self._exit_barrier_timeout
+                self._shared, self.worker_group.group_world_size or 1, self.exit_barrier_timeout
             )
 
     # --- workload control -----------------------------------------------------------------------

@@ -6,6 +6,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from resiliency.ft import FaultToleranceError, config_from_args
 from resiliency.launcher._torch_compat import check_torch_version
 from resiliency.launcher.errors import LauncherError
@@ -19,11 +21,14 @@ __all__ = ["main"]
 _LOG_FORMAT = "[ft-launcher] %(asctime)s %(levelname)s %(message)s"
 
 
+@record
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, validate everything, run the job; return the exit code.
 
     A bad flag, a bad config file or a failed setup stops the launcher with exit code 2 before
-    any monitor or worker starts.
+    any monitor or worker starts. When the workers failed with no restart left it raises
+    torch's ``ChildFailedError``, as torchrun does (its table names the root cause; under
+    ``TORCHELASTIC_ERROR_FILE`` the failed worker's error file is copied there), exit code 1.
 
     Args:
         argv: the arguments (``sys.argv[1:]`` when None).

@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import signal
+import sys
 import uuid
 from types import FrameType
 from typing import Any
 
+from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.run import config_from_args as torchrun_config_from_args
@@ -183,9 +186,10 @@ def launch(
 
     close_rendezvous = True
     supervision = None
+    result: RunResult | None = None
     try:
         supervision = start_supervision(args, agent, monitors)  # --supervisor / --status-port
-        agent.run()
+        result = agent.run()
         outcome = agent.outcome or _outcome_without_verdict(agent)
     except SignalException as exc:
         _install_signal_handlers(args.signals_to_handle, _ignore_further_signals)
@@ -214,7 +218,21 @@ def launch(
     _report(agent, outcome, options.exit_status_file, preemption.status_fields())
     goodput.job_ended(int(outcome.exit_code), outcome.reason)
     clean_up(preemption)
+    if outcome.reason == "restarts_exhausted" and result is not None and result.failures:
+        # As torchrun: the failure table with the root cause (and, under @record, the failed
+        # worker's error file copied to this launcher's), exit code 1.
+        raise ChildFailedError(
+            name=_entrypoint_name(entrypoint, entry_args), failures=result.failures
+        )
     return int(outcome.exit_code)
+
+
+def _entrypoint_name(entrypoint: Any, args: list[str]) -> str:
+    """The script's name as torchrun shows it: the first non-option argument of the Python
+    interpreter, else the entrypoint itself."""
+    if entrypoint == sys.executable:
+        return next((arg for arg in args if not arg.startswith("-")), "")
+    return str(entrypoint)
 
 
 def _outcome_without_verdict(agent: FtElasticAgent) -> Outcome:

@@ -28,7 +28,7 @@ def shutdown_workload(agent: FtElasticAgent) -> RunResult:
     """A rank asked for ShutdownWorkload: stop every node, close the rendezvous, no restarts."""
     event = agent._cycle.shutdown
     assert event is not None
-    group = agent._worker_group
+    group = agent.worker_group
     reason = event.desc or "(no reason given)"
     detail = f"rank {event.rank} requested ShutdownWorkload: {reason}"
     logger.error("%s; stopping the job on every node, no restarts", detail)
@@ -58,7 +58,7 @@ def follow_shutdown(agent: FtElasticAgent, request: dict[str, Any]) -> RunResult
         f"{request.get('desc') or '(no reason given)'}"
     )
     logger.error("%s; stopping this node's workers, no restarts", detail)
-    agent._stop_workers(agent._worker_group)
+    agent._stop_workers(agent.worker_group)
     if agent._shared is not None:
         agent._shared.ack_shutdown()
     agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
@@ -73,6 +73,6 @@ def exclude_this_node(agent: FtElasticAgent) -> RunResult:
     logger.error("%s; this node leaves the job, the others go on without it", detail)
     if agent._shared is not None:
         agent._shared.publish_left()
-    agent._stop_workers(agent._worker_group)
+    agent._stop_workers(agent.worker_group)
     agent.outcome = Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail)
     return stopped_result()
