@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _dcp, _events, _layout
-from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
+from ._writer_client import STARTUP_TIMEOUT_S, WriterDiedError, WriterHungError, WriterProcess
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,11 @@ class Save:
     @property
     def grace_s(self) -> float:
         return 5.0 + 0.1 * self.writer_timeout_s
+
+    @property
+    def writer_bound_s(self) -> float:
+        """The longest a rank's writer may take from the hand-over: start-up, then the save."""
+        return max(STARTUP_TIMEOUT_S, self.writer_timeout_s) + self.writer_timeout_s
 
 
 def _sleep(poll: float) -> float:
@@ -101,7 +106,10 @@ def _local_part(save: Save, writer: WriterProcess | None) -> dict[str, Any] | No
     if save.code != OK or writer is None:
         return None
     try:
-        reply = writer.recv(save.handed_over + save.writer_timeout_s)
+        # A writer spawned at this save (or still importing since the last restart) says
+        # "ready" first; its start-up is not bounded by the save timeout.
+        writer.wait_ready(save.handed_over + max(STARTUP_TIMEOUT_S, save.writer_timeout_s))
+        reply = writer.recv(time.monotonic() + save.writer_timeout_s)
     except WriterDiedError as exc:
         save.fail(
             WRITER_FAILED, f"rank {save.rank}: checkpoint {exc} while saving step {save.step}"
@@ -130,7 +138,7 @@ def _local_part(save: Save, writer: WriterProcess | None) -> dict[str, Any] | No
 
 def _wait_parts(save: Save) -> list[dict[str, Any]] | None:
     """Rank 0: wait for every rank's marker; None when one failed or never came."""
-    deadline = save.handed_over + save.writer_timeout_s + save.grace_s
+    deadline = save.handed_over + save.writer_bound_s + save.grace_s
     pending = set(range(save.world))
     parts: dict[int, dict[str, Any]] = {}
     poll = _POLL_MIN_S
@@ -176,7 +184,7 @@ def _commit(save: Save, parts: list[dict[str, Any]]) -> None:
 
 def _await_commit(save: Save) -> None:
     """Ranks > 0: wait until rank 0 committed (our nonce) or aborted."""
-    deadline = save.handed_over + save.writer_timeout_s + 2 * save.grace_s
+    deadline = save.handed_over + save.writer_bound_s + 2 * save.grace_s
     poll = _POLL_MIN_S
     while True:
         if (save.final / _layout.MANIFEST).exists():
@@ -228,14 +236,7 @@ def complete(
     finally:
         save.total_s = time.monotonic() - save.started
         if save.code == OK:
-            _events.emit(
-                "checkpoint_saved",
-                step=save.step,
-                tier=save.tier,
-                bytes=save.bytes,
-                blocked_s=round(save.blocked_s, 6),
-                total_s=round(save.total_s, 6),
-            )
+            _events.saved(save.step, save.tier, save.bytes, save.blocked_s, save.total_s)
             logger.info(
                 "step %d saved: blocked %.3f s, durable after %.3f s, %d bytes from rank %d",
                 save.step,

@@ -18,6 +18,18 @@ def emit(event: str, **fields: Any) -> None:
         logger.warning("could not record goodput event %s %s: %s", event, fields, exc)
 
 
+def saved(step: int, tier: str, nbytes: int, blocked_s: float, total_s: float) -> None:
+    """Emit ``checkpoint_saved`` for one tier of one step (times to the microsecond)."""
+    emit(
+        "checkpoint_saved",
+        step=step,
+        tier=tier,
+        bytes=nbytes,
+        blocked_s=round(blocked_s, 6),
+        total_s=round(total_s, 6),
+    )
+
+
 def flush() -> None:
     """Write the queued goodput events now (before the process exits); never raises."""
     try:

@@ -34,14 +34,13 @@ import torch
 import torch.distributed as dist
 
 from . import _dcp, _events, _holdings, _layout, _protocol, _replicate, _staging
-from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
+from ._writer_client import STARTUP_TIMEOUT_S, WriterDiedError, WriterHungError, WriterProcess
 from .errors import SaveFailedError, WriterFailedError
 from .tiers import LocalTier
 
 logger = logging.getLogger(__name__)
 
 _GRACE_S = 30.0
-_STARTUP_TIMEOUT_S = 120.0  # the writer's imports, slow on a loaded node
 
 
 @dataclass
@@ -169,7 +168,7 @@ class LocalSaver:
         save = self.inflight
         if save is None:
             return
-        bound = max(_STARTUP_TIMEOUT_S, self.writer_timeout_s) + self.writer_timeout_s
+        bound = max(STARTUP_TIMEOUT_S, self.writer_timeout_s) + self.writer_timeout_s
         bound += self.tier.timeout_s + _GRACE_S
         if not save.done.wait(bound if timeout is None else timeout):
             if timeout is not None:
@@ -185,7 +184,7 @@ class LocalSaver:
             return None
         try:
             self._writer.wait_ready(
-                save.handed_over + max(_STARTUP_TIMEOUT_S, self.writer_timeout_s)
+                save.handed_over + max(STARTUP_TIMEOUT_S, self.writer_timeout_s)
             )
             reply = self._writer.recv(time.monotonic() + self.writer_timeout_s)
         except (WriterDiedError, WriterHungError, _protocol.ProtocolError) as exc:
@@ -278,14 +277,7 @@ class LocalSaver:
                 save.fail(f"rank {self.rank}: replica of rank {i.src} is of another save")
             save.replica_bytes += i.bytes
         if incoming and not save.failed:
-            _events.emit(
-                "checkpoint_saved",
-                step=save.step,
-                tier="replica",
-                bytes=save.replica_bytes,
-                blocked_s=0.0,
-                total_s=round(time.monotonic() - t0, 6),
-            )
+            _events.saved(save.step, "replica", save.replica_bytes, 0.0, time.monotonic() - t0)
 
     def _commit(self, save: LocalSave, incoming: list[_replicate.Incoming]) -> None:
         step_dir = _layout.step_dir(self.root, save.step)
@@ -311,14 +303,7 @@ class LocalSaver:
             _events.emit("checkpoint_save_failed", step=save.step, tier="local", error=save.failed)
             logger.error("local save of step %d failed: %s", save.step, save.failed)
             return
-        _events.emit(
-            "checkpoint_saved",
-            step=save.step,
-            tier="local",
-            bytes=save.bytes,
-            blocked_s=round(save.blocked_s, 6),
-            total_s=round(save.total_s, 6),
-        )
+        _events.saved(save.step, "local", save.bytes, save.blocked_s, save.total_s)
         logger.info(
             "step %d saved locally (+%d replica bytes): blocked %.3f s, durable after %.3f s",
             save.step,

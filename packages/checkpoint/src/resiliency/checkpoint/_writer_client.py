@@ -22,6 +22,11 @@ from . import _protocol
 logger = logging.getLogger(__name__)
 
 
+# A writer's start-up is imports only, but slow on a loaded node: bounded on its own, not by
+# the save timeout.
+STARTUP_TIMEOUT_S = 120.0
+
+
 class WriterDiedError(RuntimeError):
     """The writer process exited."""
 

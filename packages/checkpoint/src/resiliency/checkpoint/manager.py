@@ -35,8 +35,6 @@ __all__ = ["CheckpointManager", "SaveHandle"]
 
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 120.0
-
 
 class SaveHandle:
     """The handle of one save: ``done()`` is local, ``wait()`` is collective."""
@@ -292,14 +290,9 @@ class CheckpointManager:
             self._writer = WriterProcess()
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
-        # Start-up is imports only, but slow on a loaded node: not bounded by the save timeout.
-        try:
-            self._writer.wait_ready(
-                time.monotonic() + max(STARTUP_TIMEOUT_S, self.writer_timeout_s)
-            )
-        except Exception:
-            self._writer.kill()  # the next save starts a fresh one
-            raise
+        # No wait for its start-up (imports, slow on a loaded node): what is sent waits in its
+        # socket, and the completion thread waits for "ready" (see _commit._local_part), so
+        # neither the first save after a restart nor a load blocks the training step on it.
         return self._writer
 
     def _stage_and_send(self, save: Save, plan: _dcp.Plan) -> None:
@@ -361,7 +354,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ agreement
     def _resolve(self, save: Save, timeout: float | None) -> None:
         if not save.resolved:
-            bound = save.writer_timeout_s + 3 * save.grace_s + 30.0
+            bound = save.writer_bound_s + 3 * save.grace_s + 30.0
             if not save.done.wait(bound if timeout is None else timeout):
                 if timeout is not None:
                     raise TimeoutError(f"the save of step {save.step} is still in flight")
@@ -417,7 +410,6 @@ class CheckpointManager:
         t0 = time.monotonic()
         chosen, nbytes = self._agree_on_step(step)
         if chosen is None:
-            self._warm_writer()
             return None
         path = _layout.step_dir(self.root, chosen)
         try:
@@ -441,20 +433,7 @@ class CheckpointManager:
             duration_s=round(duration, 6),
         )
         logger.info("loaded step %d from %s in %.3f s", chosen, path, duration)
-        self._warm_writer()
         return chosen
-
-    def _warm_writer(self) -> None:
-        """Wait out the writer's start-up here, before the training loop, not in the first save.
-
-        A save that waits for the writer's imports blocks the step for seconds on a loaded node,
-        long enough to trip a heartbeat timeout; ``load`` runs before the loop, where the
-        initial-heartbeat timeout applies instead.
-        """
-        try:
-            self._ensure_writer()
-        except Exception as exc:  # reported again, on every rank, by the next save
-            logger.warning("rank %d: checkpoint writer not ready: %s", self.rank, exc)
 
     def _agree_on_step(self, step: int | None) -> tuple[int | None, int]:
         return _restore.agree_on_step(self.root, self.rank, self.world_size, self._group, step)
