@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from resiliency.goodput import CATEGORIES, Recorder, compute, read_ledger
-from resiliency.simulator import FaultPlan, JobRunner, RunnerOptions, outcomes, timeline_of
+from resiliency.simulator import (
+    FaultPlan,
+    Injection,
+    JobRunner,
+    RunnerOptions,
+    outcomes,
+    timeline_of,
+)
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_goodput_job.py"
@@ -149,7 +156,13 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
         )
         scheduler.emit("job_scheduled")
         scheduler.flush()
-        injections = runner.run(plan, args.duration)
+
+        def record(injection: Injection) -> None:
+            scheduler.emit(
+                "fault_injected", kind=injection.fault.kind, victim=injection.victim or "none"
+            )
+
+        injections = runner.run(plan, args.duration, record)
         scheduler.emit("job_ended", exit_code=0, reason=f"benchmark length {args.duration:.0f} s")
         scheduler.close()
     parsed = read_ledger([ledger])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from resiliency.simulator import Fault, Injection, outcomes
 
 T0 = 1_000.0
@@ -26,3 +28,18 @@ def test_a_step_under_another_restart_count_is_a_detection() -> None:
     timeline += [(T0 + 10 + s, {"event": "step", "step": s, "attempt": 1}) for s in (1, 2)]
     (row,) = outcomes([_kill_at(T0 + 5.5)], timeline, T0)
     assert (row.detected_s, row.recovered_s) == (11.0, 11.0)
+
+
+def test_a_preempted_job_recovers_at_the_first_step_after_it_starts_again() -> None:
+    timeline = [(T0 + s, {"event": "step", "step": s, "attempt": 0}) for s in range(1, 6)]
+    timeline += [
+        (T0 + 5.2, {"event": "preempted", "step": 6}),
+        (T0 + 5.3, {"event": "step", "step": 6, "attempt": 0}),  # the step it stopped at
+        (T0 + 6.0, {"event": "cycle_ended", "cause": "preemption"}),
+        (T0 + 20.0, {"event": "cycle_started", "cycle": 0}),
+        (T0 + 25.0, {"event": "checkpoint_loaded", "step": 6}),
+        (T0 + 26.0, {"event": "step", "step": 7, "attempt": 0}),
+    ]
+    (row,) = outcomes([_kill_at(T0 + 5.1)], timeline, T0)
+    assert row.detected_s == pytest.approx(5.2)
+    assert (row.recovered_s, row.steps_lost) == (26.0, 0)

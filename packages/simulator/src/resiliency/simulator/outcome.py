@@ -15,6 +15,7 @@ _DETECTION_EVENTS = frozenset({"hang_detected", "cycle_ended", "job_ended", "pre
 # A launcher that writes no events (torchrun) shows its restarts only through its workers: a
 # restarted worker starting to load, or steps under another restart count.
 _RESTART_EVENTS = frozenset({"checkpoint_load_started"})
+_START_EVENTS = frozenset({"cycle_started", "checkpoint_load_started"})
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class FaultOutcome:
         detected_s: the first hang, cycle end, preemption or job end after it, if any; for a
             launcher that writes no events, the first sign of a restart (a worker loading a
             checkpoint, a step under another restart count).
-        recovered_s: the first training step after detection, if any.
+        recovered_s: the first training step after the job started again (after detection),
+            if any; the first step after detection when nothing restarted.
         steps_lost: the steps done before the fault that were done again after it.
         note: why it was not injected, or what was done.
     """
@@ -91,6 +93,11 @@ def outcomes(
             None,
         )
         after = detected if detected is not None else at
+        # Recovery is the first step of the job's next start (a preempted rank still records
+        # the step it stopped at), or, when nothing restarted, the first step after detection.
+        after = next(
+            (t for t, e in timeline if t >= after and e.get("event") in _START_EVENTS), after
+        )
         first_step = next(
             (
                 (t, e)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -221,7 +222,10 @@ class JobRunner:
     # -- the whole run ------------------------------------------------------------------------
 
     def run(
-        self, plan: FaultPlan, duration_s: float | None, record: object = None
+        self,
+        plan: FaultPlan,
+        duration_s: float | None,
+        record: Callable[[Injection], None] | None = None,
     ) -> list[Injection]:
         """Start the job, inject ``plan`` on schedule, stop at ``duration_s`` or when the job ends.
 
@@ -245,7 +249,7 @@ class JobRunner:
                 if pending and elapsed >= pending[0].at_s:
                     injection = self.inject(pending.pop(0))
                     done.append(injection)
-                    if callable(record):
+                    if record is not None:
                         record(injection)
                     continue
                 time.sleep(0.05)
