@@ -106,12 +106,15 @@ def test_node_turning_unhealthy_while_running_leaves_the_job(launch, marker_dir:
 
 
 def test_a_slow_health_check_does_not_delay_hang_detection(launch, marker_dir: Path, tmp_path):
-    # The check passes at once before the rendezvous, then takes 30 s on every later run: it
-    # runs in its own thread, and the supervision loop still acts on the hang at once.
-    seen = tmp_path / "checked-once"
+    # The check passes at once before the rendezvous; its first run while the workers run takes
+    # 30 s (in its own thread: the supervision loop still acts on the hang at once); later runs,
+    # such as the one before the group rejoins, pass at once again.
+    once, twice = tmp_path / "checked-once", tmp_path / "checked-twice"
     check = (
         f'{sys.executable} -c "import os, time; '
-        f"f = '{seen}'; os.path.exists(f) and time.sleep(30); open(f, 'w').close()\""
+        f"a, b = '{once}', '{twice}'; "
+        f"slow = os.path.exists(a) and not os.path.exists(b); "
+        f"open(b if os.path.exists(a) else a, 'w').close(); slow and time.sleep(30)\""
     )
     interval = ("--ft-node-health-check-interval", "0.2")
     args = _args("hang_hb", marker_dir, "--node-health-check-cmd", check, *interval)

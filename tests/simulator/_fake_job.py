@@ -19,9 +19,11 @@ from pathlib import Path
 
 def _tick(path: Path, stop: threading.Event) -> None:
     n = 0
+    tmp = path.with_name(path.name + ".tmp")
     while not stop.is_set():
         n += 1
-        path.write_text(str(n))
+        tmp.write_text(str(n))
+        os.replace(tmp, path)  # a reader never sees the file empty, mid-rewrite
         time.sleep(0.02)
 
 
