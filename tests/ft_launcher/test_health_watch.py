@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from resiliency.launcher.health import HealthResult
+from resiliency.launcher.health import CommandHealthCheck, HealthResult
 from resiliency.launcher.health_watch import HealthWatch
 
 
@@ -93,3 +96,25 @@ def test_stop_ends_the_threads() -> None:
     watch.start()
     watch.stop()
     assert threading.active_count() <= before
+
+
+def test_stop_kills_a_command_still_running(tmp_path) -> None:
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    check = CommandHealthCheck(f"{sys.executable} -c {shlex.quote(code)}", timeout=120.0)
+    watch = HealthWatch([check], interval_s=0.01)
+    watch.start()
+    try:
+        _until(lambda: pid_file.exists() and pid_file.read_text() != "", 30, "the command to start")
+        pid = int(pid_file.read_text())
+    finally:
+        watch.stop()
+    _until(lambda: not _alive(pid), 10, "the command to be killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"

@@ -8,9 +8,12 @@ False or raises), and a built-in GPU check through NVML (``nvidia-ml-py``) that 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -77,24 +80,41 @@ class CommandHealthCheck:
             raise HealthCheckError("--node-health-check-cmd is empty; give a command to run")
         self.timeout = timeout
         self.name = f"command {command!r}"
+        # Runs of this check that are under way: the loop's, and the one before a rejoin.
+        self._running: set[subprocess.Popen[str]] = set()
+
+    def cancel(self) -> None:
+        """Kill the process group of every run under way (the launcher is stopping)."""
+        for proc in list(self._running):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
     def __call__(self) -> HealthResult:
-        """Run the command once."""
+        """Run the command once (in its own session, so `cancel` ends it with its children)."""
         start = time.monotonic()
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 self.argv,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=self.timeout,
-                check=False,
+                start_new_session=True,
             )
         except FileNotFoundError:
             return HealthResult(self.name, False, f"command not found: {self.argv[0]}")
+        self._running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             return HealthResult(self.name, False, f"did not finish within {self.timeout:g} s")
+        finally:
+            self._running.discard(proc)
         seconds = time.monotonic() - start
-        output = (proc.stdout + proc.stderr).strip()[-500:]
+        output = (stdout + stderr).strip()[-500:]
         if proc.returncode == 0:
             return HealthResult(self.name, True, output or "exit 0", seconds=seconds)
         return HealthResult(

@@ -76,8 +76,13 @@ class HealthWatch:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the threads (a check still running is left to finish on its own)."""
+        """Stop the threads; a check still running is cancelled if it can be (a command is
+        killed), otherwise left to finish on its own."""
         self._stop.set()
+        for watched in self._watched:
+            cancel = getattr(watched.check, "cancel", None)
+            if callable(cancel) and watched.running is not None and watched.running.is_alive():
+                cancel()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
