@@ -168,41 +168,26 @@ def test_ending_an_unopened_section_warns_and_bad_names_are_ignored(start_monito
     assert "Traceback" not in out
 
 
-def test_taking_over_a_signal_handler_for_the_stack_dump_is_said(start_monitor, spawn_rank):
+_STACK_DUMP_RANK = """
+import logging
+import signal
+logging.basicConfig(level=logging.WARNING)
+from resiliency.ft import RankMonitorClient
+if {own_handler}:
+    signal.signal(signal.SIGUSR2, lambda *a: print("the job's own handler"))
+client = RankMonitorClient()
+client.init_workload_monitoring()
+client.shutdown_workload_monitoring()
+"""
+
+
+@pytest.mark.parametrize("own_handler", [True, False], ids=["job-handler", "free-signal"])
+def test_taking_over_a_signal_handler_for_the_stack_dump_is_said(
+    start_monitor, spawn_rank, own_handler: bool
+):
     monitor = start_monitor(enable_stack_dump=True, stack_dump_signal="SIGUSR2")
-    rank = spawn_rank(
-        """
-        import logging
-        import signal
-        logging.basicConfig(level=logging.WARNING)
-        from resiliency.ft import RankMonitorClient
-        signal.signal(signal.SIGUSR2, lambda *a: print("the job's own handler"))
-        client = RankMonitorClient()
-        client.init_workload_monitoring()
-        client.shutdown_workload_monitoring()
-        """,
-        monitor,
-        prelude=False,
-    )
+    rank = spawn_rank(_STACK_DUMP_RANK.format(own_handler=own_handler), monitor, prelude=False)
     assert rank.wait() == 0, rank.output()
     out = rank.output()
-    assert "the stack dump on a hang takes SIGUSR2" in out, out
-    assert "stack_dump_signal" in out
-
-
-def test_a_free_stack_dump_signal_is_taken_silently(start_monitor, spawn_rank):
-    monitor = start_monitor(enable_stack_dump=True, stack_dump_signal="SIGUSR2")
-    rank = spawn_rank(
-        """
-        import logging
-        logging.basicConfig(level=logging.WARNING)
-        from resiliency.ft import RankMonitorClient
-        client = RankMonitorClient()
-        client.init_workload_monitoring()
-        client.shutdown_workload_monitoring()
-        """,
-        monitor,
-        prelude=False,
-    )
-    assert rank.wait() == 0, rank.output()
-    assert "stack dump on a hang takes" not in rank.output()
+    said = "the stack dump on a hang takes SIGUSR2" in out and "stack_dump_signal" in out
+    assert said == own_handler, out

@@ -8,7 +8,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from launcher_harness import alive
 
 from resiliency.launcher.health import CommandHealthCheck, HealthResult
 from resiliency.launcher.health_watch import HealthWatch
@@ -109,12 +110,4 @@ def test_stop_kills_a_command_still_running(tmp_path) -> None:
         pid = int(pid_file.read_text())
     finally:
         watch.stop()
-    _until(lambda: not _alive(pid), 10, "the command to be killed")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    _until(lambda: not alive(pid), 10, "the command to be killed")

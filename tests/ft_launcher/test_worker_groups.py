@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from launcher_harness import alive
 
 from resiliency.launcher.agent import FtElasticAgent
 from resiliency.launcher.worker_groups import WorkerProcessGroups
@@ -40,18 +41,10 @@ def _wait_for(path: Path, timeout: float = 30.0) -> str:
     return path.read_text()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
 def _gone(pid: int, timeout: float = 10.0) -> bool:
     """Whether ``pid`` ends within ``timeout`` (a signal is delivered asynchronously)."""
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while alive(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -84,7 +77,7 @@ def test_a_leftover_child_gets_sigterm_and_no_sigkill(worker, caplog) -> None:
     groups = WorkerProcessGroups()
     leader, child = worker("default")
     groups.add(leader)
-    assert _alive(child)
+    assert alive(child)
     groups.end_leftovers(grace_s=30.0)
     assert _gone(child)
     assert "killed leftover" not in caplog.text  # SIGTERM was enough
