@@ -199,16 +199,18 @@ def test_slow_rank_slows_the_job_without_killing_it(simulate) -> None:
 
 
 def test_torn_checkpoint_is_skipped_on_restore(simulate) -> None:
-    # Tear the newest committed step, then kill a rank at once: the restart must skip the torn
-    # step (naming the file) and resume from the one before. (With no complete step left, load
-    # raises CheckpointCorruptError rather than silently starting from step 0.)
+    # Kill a rank, then at once tear the newest committed step: the restart must skip the torn
+    # step (naming the file) and resume from the one before. Killing first means no save can
+    # commit a newer step in between (a commit needs every rank); tearing first raced with one.
+    # (With no complete step left, load raises CheckpointCorruptError rather than silently
+    # starting from step 0.)
     run = simulate(
-        [_fault("torn_checkpoint", at_s=16.0), _fault("kill", at_s=16.0)],
+        [_fault("kill", at_s=16.0), _fault("torn_checkpoint", at_s=16.0)],
         steps=200,
         ckpt_every=20,
     )
     assert all(r.injected_s is not None for r in run.rows), [r.note for r in run.rows]
-    torn = run.injections[0].action
+    torn = run.injections[1].action
     assert any(word in torn for word in ("truncated", "flipped")), torn
     torn_file = Path(torn.split(" of ")[-1] if "flipped" in torn else torn.split()[1])
     assert torn_file.name in run.log, f"the skipped file is not named; log:\n{run.log[-4000:]}"
