@@ -223,11 +223,13 @@ def test_disk_full_fails_the_save_loudly_and_training_goes_on(simulate, tmp_path
     ckpt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(ckpt)], check=True)
     try:
-        run = simulate([_fault("disk_full", at_s=9.0)], ckpt_dir=ckpt)
+        # 200 steps: the job must run on well past the 3 s the disk stays full, whatever its
+        # speed, for a save after it to show that nothing was lost.
+        run = simulate([_fault("disk_full", at_s=9.0)], ckpt_dir=ckpt, steps=200)
         (row,) = run.rows
         assert row.injected_s is not None, row.note
         assert "No space left" in run.log or "ENOSPC" in run.log, run.log[-4000:]
-        _finished(run)
+        _finished(run, 200)
     finally:
         subprocess.run(["umount", str(ckpt)], check=False)
 
