@@ -248,9 +248,11 @@ def test_preemption_saves_an_agreed_step_and_the_next_job_resumes(simulate) -> N
 
 
 def test_node_loss_then_a_new_launcher_resumes_from_the_last_commit(simulate) -> None:
-    run = simulate([_fault("node_loss", at_s=9.0, victim=0)], restart_nodes_after_s=1.0)
+    # At 15 s of a 200-step job a step is committed on any machine (the first commit waits
+    # for the writers' start-up, a few seconds on a busy one), and the job is still running.
+    run = simulate([_fault("node_loss", at_s=15.0, victim=0)], restart_nodes_after_s=1.0, steps=200)
     (row,) = run.rows
     assert row.injected_s is not None, row.note
     resumed = [line for line in run.log.splitlines() if "starts at step" in line]
     assert any(not line.endswith("step 0") for line in resumed), resumed
-    _finished(run)
+    _finished(run, 200)
