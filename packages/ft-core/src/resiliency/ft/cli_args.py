@@ -20,16 +20,14 @@ import types
 import typing
 from typing import Any
 
-from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
-from resiliency.ft.config import (
-    SECTION_KEY,
-    FaultToleranceConfig,
-    _closest_key,
-    _EmptyConfigFileError,
-    _format_validation_error,
-    _InvalidConfigError,
-    _load_yaml_section,
+from resiliency.ft._config_errors import (
+    InvalidConfigError,
+    closest_key,
+    format_validation_error,
 )
+from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
+from resiliency.ft._yaml_section import SECTION_KEY, EmptyConfigFileError, load_section
+from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import ConfigError, ConfigNotFoundError
 
 __all__ = [
@@ -188,7 +186,7 @@ def _install_typo_hint(parser: argparse.ArgumentParser) -> None:
         for arg in extras:
             flag = arg.split("=", 1)[0]
             if flag.startswith(("--ft", "--fault")):
-                close = _closest_key(flag, known)
+                close = closest_key(flag, known)
                 hint = (
                     f"; did you mean {close}?"
                     if close
@@ -267,8 +265,8 @@ def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
     flags = _flag_values(namespace)
     if path:
         try:
-            section = _load_yaml_section(path)
-        except _EmptyConfigFileError as exc:
+            section = load_section(path, FaultToleranceConfig.model_fields)
+        except EmptyConfigFileError as exc:
             # As in NVIDIA's resiliency extension: an empty file plus flags means "flags and
             # defaults"; an empty file and no flag at all is still an error.
             if not flags and not ignore_missing:
@@ -297,9 +295,9 @@ def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
             merged[name] = value
     try:
         return FaultToleranceConfig(**merged)
-    except _InvalidConfigError as exc:
+    except InvalidConfigError as exc:
         raise ConfigError(
-            _format_validation_error(
+            format_validation_error(
                 exc.validation_error, lambda name: _flags_label(name) if name in flags else name
             )
         ) from None

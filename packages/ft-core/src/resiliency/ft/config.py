@@ -9,12 +9,11 @@ an unknown key, and the message names the closest valid key.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -28,6 +27,11 @@ from pydantic import (
     model_validator,
 )
 
+from resiliency.ft._config_errors import (
+    InvalidConfigError,
+    format_validation_error,
+    unknown_keys_message,
+)
 from resiliency.ft._config_values import (
     UNCATCHABLE_SIGNALS,
     LogLevel,
@@ -37,9 +41,8 @@ from resiliency.ft._config_values import (
     check_safety_factor,
 )
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS, drop_nvrx_only_keys
-from resiliency.ft._yaml_section import find_sections as _find_sections
-from resiliency.ft._yaml_section import format_location as _format_location
-from resiliency.ft.errors import ConfigError, ConfigNotFoundError
+from resiliency.ft._yaml_section import SECTION_KEY, load_section
+from resiliency.ft.errors import ConfigError
 
 if TYPE_CHECKING:
     import argparse
@@ -47,9 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["SECTION_KEY", "FaultToleranceConfig"]
 
 logger = logging.getLogger(__name__)
-
-SECTION_KEY = "fault_tolerance"
-"""The YAML key under which the configuration lives."""
 
 # Stack-dump signals, in order of preference, when the default collides with the termination one.
 _DUMP_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)
@@ -150,7 +150,7 @@ class FaultToleranceConfig(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise _InvalidConfigError(exc) from None
+            raise InvalidConfigError(exc) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in type(self).model_fields and not name.startswith("_"):
@@ -158,7 +158,7 @@ class FaultToleranceConfig(BaseModel):
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
-            raise ConfigError(_format_validation_error(exc)) from None
+            raise ConfigError(format_validation_error(exc)) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -225,8 +225,8 @@ class FaultToleranceConfig(BaseModel):
             raise ConfigError(f"setting names{where} must be strings, got {bad_keys!r}")
         try:
             return cls(**data)
-        except _InvalidConfigError as exc:
-            message = _format_validation_error(exc.validation_error)
+        except InvalidConfigError as exc:
+            message = format_validation_error(exc.validation_error)
             raise ConfigError(f"{source}: {message}" if source else message) from None
 
     @classmethod
@@ -279,7 +279,7 @@ class FaultToleranceConfig(BaseModel):
             ConfigError: the file is missing or unreadable, is not valid YAML, has no (or more
                 than one) ``fault_tolerance`` section, or the section is invalid.
         """
-        section = _load_yaml_section(path)
+        section = load_section(path, cls.model_fields)
         if ignore_not_recognized and isinstance(section, Mapping):
             section = _drop_unknown(section, str(path))
         return cls.from_dict(section, source=str(path))
@@ -373,121 +373,5 @@ def _drop_unknown(data: Mapping[Any, Any], source: str) -> dict[Any, Any]:
     return kept
 
 
-class _EmptyConfigFileError(ConfigNotFoundError):
-    """The config file holds nothing at all (no YAML document)."""
-
-
-class _InvalidConfigError(ConfigError):
-    """A ConfigError that keeps pydantic's structured errors, so callers can relabel fields."""
-
-    def __init__(self, validation_error: ValidationError) -> None:
-        super().__init__(_format_validation_error(validation_error))
-        self.validation_error = validation_error
-
-
-def _load_yaml_section(path: str | os.PathLike[str]) -> Any:
-    """Read a YAML file and return the value of its single ``fault_tolerance`` key.
-
-    Args:
-        path: the YAML file.
-
-    Returns:
-        The section's value (an empty dict when the section is empty); not yet validated.
-
-    Raises:
-        ConfigError: the file is missing, unreadable or not YAML, or it holds no or several
-            ``fault_tolerance`` sections.
-    """
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigNotFoundError(
-            f"fault-tolerance config file {file} does not exist; check the path "
-            "(or pass --ignore-missing-fault-tol-cfg to run with defaults and flags)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read fault-tolerance config file {file}: {exc}") from exc
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"fault-tolerance config file {file} is not valid YAML: {exc}") from exc
-
-    if tree is None:
-        raise _EmptyConfigFileError(
-            f"fault-tolerance config file {file} is empty: it has no '{SECTION_KEY}' section"
-        )
-    found = list(_find_sections(tree, ()))
-    if not found:
-        hint = ""
-        if isinstance(tree, Mapping) and any(
-            key in FaultToleranceConfig.model_fields for key in tree
-        ):
-            hint = f"; its top-level keys look like settings: put them under a '{SECTION_KEY}:' key"
-        raise ConfigNotFoundError(
-            f"fault-tolerance config file {file} has no '{SECTION_KEY}' section "
-            f"(looked for a '{SECTION_KEY}' key at any depth){hint}"
-        )
-    if len(found) > 1:
-        where = ", ".join(_format_location(loc) for loc, _ in found)
-        raise ConfigError(
-            f"fault-tolerance config file {file} has {len(found)} '{SECTION_KEY}' sections "
-            f"({where}); keep exactly one"
-        )
-    location, section = found[0]
-    logger.debug("using the %s section of %s", _format_location(location), file)
-    return {} if section is None else section
-
-
-def _closest_key(key: str, choices: list[str]) -> str | None:
-    """Return the valid name closest to a mistyped one, or None when nothing is close.
-
-    Args:
-        key: the mistyped name.
-        choices: the valid names.
-
-    Returns:
-        The closest valid name, or None.
-    """
-    matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
 def _unknown_keys_message(keys: list[Any]) -> str:
-    valid = list(FaultToleranceConfig.model_fields)
-    parts = []
-    for key in keys:
-        close = _closest_key(str(key), valid)
-        if close:
-            parts.append(f"unknown key {str(key)!r}; did you mean {close!r}?")
-        else:
-            parts.append(f"unknown key {str(key)!r}; valid keys are: {', '.join(valid)}")
-    return "\n".join(parts)
-
-
-def _format_validation_error(
-    exc: ValidationError, name_of: Callable[[str], str] | None = None
-) -> str:
-    """Turn a pydantic ValidationError into one part per problem: ``field: what is wrong``.
-
-    Args:
-        exc: the error raised by pydantic.
-        name_of: how to show a field's name (e.g. as the flags that set it).
-
-    Returns:
-        A readable message, starting with "invalid fault-tolerance config".
-    """
-    lines = []
-    for error in exc.errors():
-        message = str(error["msg"])
-        # Errors raised by our validators arrive prefixed with pydantic's category.
-        for prefix in ("Value error, ", "Assertion failed, "):
-            message = message.removeprefix(prefix)
-        location = ""
-        if error["loc"]:
-            field, *inner = error["loc"]
-            location = name_of(str(field)) if name_of is not None else str(field)
-            location += "".join(f"[{part!r}]" for part in inner)
-        shown_input = "" if error["type"] == "value_error" else f" (got {error['input']!r})"
-        lines.append(f"{location}: {message}{shown_input}" if location else message)
-    return "invalid fault-tolerance config: " + "; ".join(lines)
+    return unknown_keys_message(keys, list(FaultToleranceConfig.model_fields))
