@@ -1,4 +1,4 @@
-"""The one adapter over torch DCP's planning and file format (checked against torch 2.4-2.13).
+"""The one adapter over torch DCP's planning and file format (checked against torch 2.13).
 
 The rank process runs DCP's own planning (``DefaultSavePlanner``: flattening, dedup of
 replicated tensors, global metadata) with the same gather/scatter DCP's ``save`` does. The writer

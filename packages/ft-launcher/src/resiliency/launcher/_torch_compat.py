@@ -2,7 +2,8 @@
 
 Everything else in the launcher uses torch's public API plus the documented agent hooks
 (``_start_workers``, ``_stop_workers``, ``_monitor_workers``, ``_shutdown``, ``_rendezvous``).
-The private pieces this module wraps, each verified against the torch versions listed below:
+The private pieces this module wraps, each verified against the torch versions in
+``TESTED_TORCH``:
 
 * ``LocalElasticAgent._set_local_rank_env(worker_env, local_rank, spec)``: the per-worker
   environment hook; used to hand each worker its own monitor socket path.
@@ -41,13 +42,16 @@ __all__ = ["MIN_TORCH", "TESTED_TORCH", "CompatAgent", "check_torch_version", "m
 
 logger = logging.getLogger(__name__)
 
-MIN_TORCH = (2, 4)
+# The floor is the oldest version CI runs: an older torch is not claimed to work, however likely.
+MIN_TORCH = (2, 13)
 TESTED_TORCH = ((2, 13),)
 
 
-# The parameters of torch's LocalElasticAgent._shutdown across the supported versions: torch
-# 2.4 takes (death_sig, timeout), 2.5-2.7 added is_restart (also to _stop_workers), later
-# versions dropped it again. Overrides accept all of them; calls pass what this torch takes.
+# The parameters of torch's LocalElasticAgent._shutdown have changed before: torch 2.4 took
+# (death_sig, timeout), 2.5-2.7 added is_restart (also to _stop_workers), later versions dropped
+# it again. They are read rather than assumed, so that a newer torch that changes them again is
+# either served (overrides accept all of them; calls pass what this torch takes) or refused by
+# check_torch_version with the parameter named.
 _SHUTDOWN_PARAMS = frozenset(inspect.signature(LocalElasticAgent._shutdown).parameters)
 _SHUTDOWN_KNOWN = frozenset({"self", "death_sig", "timeout", "is_restart"})
 
