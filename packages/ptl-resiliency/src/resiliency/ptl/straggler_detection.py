@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,9 @@ class StragglerDetectionCallback(CallbackBase):
         logger_name: Name of the :mod:`logging` logger the callback reports to (keyword only).
         num_gpu_perf_scores_to_log: The name some documentation uses for
             ``num_gpu_perf_scores_to_print`` (keyword only; not both).
+        clock: Monotonic clock in integer nanoseconds that times the step and paces the reports,
+            passed to ``Detector.initialize`` (keyword only; default: the system's). Tests and
+            simulations give a clock they advance themselves.
 
     Raises:
         TypeError: A required argument is missing, given twice, or ``enable_ptl_logging`` is
@@ -98,6 +102,7 @@ class StragglerDetectionCallback(CallbackBase):
         *,
         logger_name: str = "nemo_logger.StragglerDetectionCallback",
         num_gpu_perf_scores_to_log: int = _REQUIRED,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         if num_gpu_perf_scores_to_log is not _REQUIRED:
@@ -170,6 +175,7 @@ class StragglerDetectionCallback(CallbackBase):
             "gpu_individual_perf_threshold", gpu_individual_perf_threshold
         )
         self.stop_if_detected = bool(stop_if_detected)
+        self._clock = clock
         self._log = logging.getLogger(logger_name)
         self._initialized = False
         self._profile_cuda = False
@@ -203,6 +209,7 @@ class StragglerDetectionCallback(CallbackBase):
             gather_on_rank0=True,
             profiling_interval=self.profiling_interval,
             report_time_interval=self.report_time_interval,
+            clock=self._clock,
         )
         self._initialized = True
         self.stopped_at_step = None

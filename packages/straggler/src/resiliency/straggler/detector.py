@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import CodeType
 from typing import Any, ClassVar
@@ -84,6 +84,7 @@ class Detector:
         *,
         samples_per_section: int = 1024,
         thresholds: Thresholds | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         """Start straggler detection on this rank.
 
@@ -100,6 +101,10 @@ class Detector:
                 None). Only members may call the Detector.
             samples_per_section: Durations kept per section between reports (memory bound).
             thresholds: Default thresholds of :meth:`Report.identify_stragglers`.
+            clock: Monotonic clock in integer nanoseconds for section durations and for the
+                report schedule (default: ``time.perf_counter_ns`` for sections and
+                ``time.monotonic`` for the schedule). Tests and simulations pass a clock they
+                advance themselves, so a section lasts exactly what they say.
 
         Raises:
             DetectorStateError: Already initialized (call :meth:`shutdown` first).
@@ -124,7 +129,13 @@ class Detector:
             raise StragglerConfigError(f"node_name must be a string, got {node_name!r}")
         if thresholds is not None and not isinstance(thresholds, Thresholds):
             raise StragglerConfigError(f"thresholds must be a Thresholds, got {thresholds!r}")
+        if clock is not None and not callable(clock):
+            raise StragglerConfigError(f"clock must be a callable returning ns, got {clock!r}")
         exchange = make_exchange(process_group)
+        if clock is None:
+            schedule = ReportSchedule(report_interval)
+        else:
+            schedule = ReportSchedule(report_interval, clock=lambda: clock() / 1e9)
         state = DetectorState(
             scores=scores,
             gather_on_rank0=bool(gather_on_rank0),
@@ -133,10 +144,12 @@ class Detector:
             node=node_name or socket.gethostname(),
             rank=exchange.rank if exchange is not None else 0,
             exchange=exchange,
-            schedule=ReportSchedule(report_interval),
+            schedule=schedule,
             thresholds=thresholds or Thresholds(),
             wrapper=CallableWrapper(cls.detection_section),
         )
+        if clock is not None:
+            state.clock = clock
         cls._cpu_sections = {}
         cls._gpu_sections = {}
         cls._caller_names = {}
@@ -211,7 +224,7 @@ class Detector:
             state.timings[name] = timings
         cpu = cls._cpu_sections.get(name)
         if cpu is None:
-            cpu = cls._cpu_sections[name] = CpuSection(timings)
+            cpu = cls._cpu_sections[name] = CpuSection(timings, state.clock)
         if not profile_cuda:
             return cpu
         if state.gpu is NOT_SELECTED:
@@ -222,7 +235,7 @@ class Detector:
         gpu: GpuBackend | None = state.gpu
         if gpu is None:
             return cpu
-        section = cls._gpu_sections[name] = GpuSection(timings, gpu)
+        section = cls._gpu_sections[name] = GpuSection(timings, gpu, state.clock)
         return section
 
     @classmethod

@@ -2,14 +2,16 @@
 
 Every named section owns one :class:`SectionTimings`: a preallocated ring of the most recent CPU
 durations (nanoseconds). The context managers handed to users are created once per section name
-and reused, so entering and leaving a section allocates nothing: one ``perf_counter_ns`` on each
-side and a store into the ring.
+and reused, so entering and leaving a section allocates nothing: one clock reading on each side
+(``time.perf_counter_ns`` unless ``Detector.initialize(clock=...)`` gave another) and a store into
+the ring.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns
 from types import TracebackType
@@ -114,12 +116,14 @@ class CpuSection:
 
     Args:
         timings: Where durations go; shared by every context manager of the same name.
+        clock: Monotonic clock in integer nanoseconds.
     """
 
-    __slots__ = ("_starts", "_timings")
+    __slots__ = ("_clock", "_starts", "_timings")
 
-    def __init__(self, timings: SectionTimings) -> None:
+    def __init__(self, timings: SectionTimings, clock: Callable[[], int] = perf_counter_ns) -> None:
         self._timings = timings
+        self._clock = clock
         # A stack rather than one slot: the same section may be entered recursively.
         self._starts: list[int] = []
 
@@ -133,7 +137,7 @@ class CpuSection:
         tick = t.tick + 1
         if tick >= t.interval:
             t.tick = 0
-            self._starts.append(perf_counter_ns())
+            self._starts.append(self._clock())
         else:
             t.tick = tick
             self._starts.append(_SKIPPED)
@@ -144,7 +148,7 @@ class CpuSection:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        end = perf_counter_ns()
+        end = self._clock()
         start = self._starts.pop()
         if start != _SKIPPED:
             t = self._timings
@@ -159,12 +163,15 @@ class GpuSection(CpuSection):
     Args:
         timings: Where CPU durations go.
         gpu: The GPU timing back end.
+        clock: Monotonic clock in integer nanoseconds (for the CPU durations).
     """
 
     __slots__ = ("_gpu",)
 
-    def __init__(self, timings: SectionTimings, gpu: GpuTimer) -> None:
-        super().__init__(timings)
+    def __init__(
+        self, timings: SectionTimings, gpu: GpuTimer, clock: Callable[[], int] = perf_counter_ns
+    ) -> None:
+        super().__init__(timings, clock)
         self._gpu = gpu
 
     def __enter__(self) -> None:
@@ -173,7 +180,7 @@ class GpuSection(CpuSection):
         if tick >= t.interval:
             t.tick = 0
             self._gpu.enter(t.name)
-            self._starts.append(perf_counter_ns())
+            self._starts.append(self._clock())
         else:
             t.tick = tick
             self._starts.append(_SKIPPED)
@@ -184,7 +191,7 @@ class GpuSection(CpuSection):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        end = perf_counter_ns()
+        end = self._clock()
         start = self._starts.pop()
         if start != _SKIPPED:
             t = self._timings

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any
 
 from resiliency.straggler.errors import StragglerConfigError
@@ -86,6 +87,7 @@ class DetectorState:
     gpu: Any = NOT_SELECTED
     gpu_dropped: int = 0
     last_call_reported: bool = False
+    clock: Callable[[], int] = perf_counter_ns
 
     @property
     def relative(self) -> bool:
