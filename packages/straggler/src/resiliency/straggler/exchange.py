@@ -36,6 +36,23 @@ class Exchange(Protocol):
         ...
 
 
+def _collective_device_type(backend: str) -> str:
+    """The device type of the tensors a process group's collectives take.
+
+    NCCL alone takes CUDA tensors only; gloo, a mixed ``cpu:gloo,cuda:nccl`` group and the other
+    backends take CPU tensors. resiliency-ft-core applies the same rule in its own copy: neither
+    package may depend on a sibling, and a one-line rule is not worth a shared distribution.
+    tests/straggler/test_exchange_device.py checks that the two copies agree.
+
+    Args:
+        backend: The group's backend, as ``torch.distributed.get_backend`` spells it.
+
+    Returns:
+        ``"cuda"`` or ``"cpu"``.
+    """
+    return "cuda" if "nccl" in backend and "gloo" not in backend else "cpu"
+
+
 class TorchExchange:
     """:class:`Exchange` over a ``torch.distributed`` process group.
 
@@ -64,9 +81,7 @@ class TorchExchange:
         self.size: int = dist.get_world_size(process_group)
         self.is_root: bool = group_rank == 0
         self._root = dist.get_global_rank(process_group, 0) if process_group is not None else 0
-        backend = str(dist.get_backend(process_group))
-        # NCCL collectives need CUDA tensors; gloo (and mixed "cpu:gloo,cuda:nccl") take CPU ones.
-        if "nccl" in backend and "gloo" not in backend:
+        if _collective_device_type(str(dist.get_backend(process_group))) == "cuda":
             self._device = torch.device("cuda", torch.cuda.current_device())
         else:
             self._device = torch.device("cpu")
