@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as lp
 import pytest
+import torch
 from lightning.pytorch.loggers import CSVLogger
-from ptl_train_job import example
+from ptl_train_job import ManualClock, example
 
 from resiliency.ptl import (
     FINISHED_FLAG_ENV,
@@ -64,9 +66,33 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_straggler_callback_single_process_reports_to_csv(tmp_path: Path) -> None:
+class SlowingModel(example.TinyModel):
+    """Each step advances the detector's clock by ``step_s``, ``factor`` times that from
+    ``slow_from`` on: a step slowdown of a known size, with no sleep."""
+
+    def __init__(self, clock: ManualClock, step_s: float, slow_from: int | None, factor: float):
+        super().__init__()
+        self.clock = clock
+        self.step_s = step_s
+        self.slow_from = slow_from
+        self.factor = factor
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        slow = self.slow_from is not None and self.global_step >= self.slow_from
+        self.clock.advance(self.step_s * (self.factor if slow else 1.0))
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+
+@pytest.mark.parametrize("slow_from", [10, None], ids=["slows-down", "steady"])
+def test_straggler_callback_single_process_flags_its_own_slowdown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, slow_from: int | None
+) -> None:
+    # Steps of 20 ms, reports every 90 ms: after steps 5 and 10 (20 ms windows), then, once
+    # the step takes 60 ms from step 10 on, after step 12: an individual score of 1/3.
+    clock = ManualClock()
     cb = StragglerDetectionCallback(
-        report_time_interval=0.15,
+        report_time_interval=0.09,
         calc_relative_gpu_perf=True,
         calc_individual_gpu_perf=True,
         num_gpu_perf_scores_to_log=2,
@@ -74,21 +100,34 @@ def test_straggler_callback_single_process_reports_to_csv(tmp_path: Path) -> Non
         gpu_individual_perf_threshold=0.75,
         stop_if_detected=True,
         enable_ptl_logging=True,
+        logger_name="test.straggler",
+        clock=clock,
     )
     logger = CSVLogger(tmp_path, name="logs", version=0)
     trainer = _trainer(tmp_path, [cb], max_steps=30, logger=logger, log_every_n_steps=1)
-    trainer.fit(example.TinyModel(step_time=0.02))
-    assert trainer.global_step == 30  # one rank is never a straggler against itself
-    assert cb.stopped_at_step is None
-    assert cb.last_report is not None
+    with caplog.at_level(logging.WARNING, logger="test.straggler"):
+        trainer.fit(SlowingModel(clock, step_s=0.02, slow_from=slow_from, factor=3.0))
     rows = _read_csv(Path(logger.log_dir) / "metrics.csv")
-    reported = [r for r in rows if r.get("straggler/training_step_relative_perf_min")]
-    assert len(reported) >= 2, rows
-    for row in reported:
-        assert float(row["straggler/training_step_relative_perf_min"]) == pytest.approx(1.0)
-        assert float(row["straggler/training_step_relative_perf_rank0"]) == pytest.approx(1.0)
-        assert float(row["straggler/num_stragglers"]) == 0.0
-        assert 0.0 < float(row["straggler/training_step_individual_perf_min"]) <= 1.0
+    reported = [r for r in rows if r.get("straggler/num_stragglers")]
+    individual = [float(r["straggler/training_step_individual_perf_min"]) for r in reported]
+    stragglers = [float(r["straggler/num_stragglers"]) for r in reported]
+    warnings = [r.getMessage() for r in caplog.records if "straggler detected" in r.getMessage()]
+    if slow_from is None:
+        assert cb.stopped_at_step is None and trainer.global_step == 30
+        assert individual == pytest.approx([1.0] * 6)  # a report every 5 steps
+        assert stragglers == [0.0] * 6 and warnings == []
+        return
+    assert cb.stopped_at_step == 12 and trainer.global_step == 12
+    assert [int(r["step"]) for r in reported] == [5, 10, 12]
+    assert individual == pytest.approx([1.0, 1.0, 1 / 3])
+    assert stragglers == [0.0, 0.0, 1.0]
+    assert cb.last_report is not None
+    assert cb.last_report.section_individual_perf_scores["training_step"] == {
+        0: pytest.approx(1 / 3)
+    }
+    assert len(warnings) == 1
+    assert "training_step individual score below 0.75 on rank 0" in warnings[0]
+    assert warnings[0].endswith(": 0.33")
 
 
 def test_straggler_callback_with_pytorch_lightning_trainer(tmp_path: Path) -> None:
