@@ -3,14 +3,15 @@
     python benchmarks/run.py                # all benchmarks this machine can run (a few minutes)
     python benchmarks/run.py --quick        # each with minimal repeats (under a minute)
     python benchmarks/run.py straggler      # only those whose name contains "straggler"
+    python benchmarks/run.py --list         # the benchmarks' names
     python benchmarks/run.py --results DIR  # write the results somewhere else
 
 Each benchmark script prints its own detailed table and writes ``<name>.json`` into the results
 folder (default benchmarks/results/). The combined table -- every figure's median, spread, number
 of runs, and its target or the comparison measured in the same run -- goes to ``summary.json``
 and ``summary.png`` there. GPU-only benchmarks are skipped, with a line saying so, where no GPU is
-visible. The exit status is non-zero when a benchmark failed or a figure has no number; a figure
-that misses its target is shown in the table, not turned into a failure.
+visible. The exit status is non-zero when a benchmark that ran failed or one of its figures has
+no number; a figure that misses its target is shown in the table, not turned into a failure.
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def _meta(quick: bool, took: float) -> dict[str, object]:
+def _meta(quick: bool, took: float, benchmarks: list[str]) -> dict[str, object]:
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
+        "benchmarks": benchmarks,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -113,21 +115,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="run only benchmarks whose name contains one")
     parser.add_argument("--quick", action="store_true", help="minimal repeats (a smoke run)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument("--list", action="store_true", help="print the benchmarks' names")
     args = parser.parse_args(argv)
+    if args.list:
+        for name, bench in BENCHMARKS.items():
+            print(f"{name}  ({bench.script}{', needs a GPU' if bench.needs_gpu else ''})")
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop the running benchmark
 
     results: Path = args.results
     results.mkdir(parents=True, exist_ok=True)
     wanted = [n for n in BENCHMARKS if not args.names or any(a in n for a in args.names)]
     gpu = _gpu_visible()
+    if not wanted:
+        parser.error(f"no benchmark matches {args.names}; see --list")
     failed: list[str] = []
     ran: set[str] = set()
+    selected: list[str] = []
     started = time.monotonic()
     for name in wanted:
         bench = BENCHMARKS[name]
         if bench.needs_gpu and not gpu:
             print(f"\n## {name}: skipped (needs an NVIDIA GPU; none is visible)", flush=True)
             continue
+        selected.append(name)
         out = results / f"{name}.json"
         out.unlink(missing_ok=True)  # a failed run must not leave the previous numbers behind
         print(f"\n## {name}  ({bench.script}, results in {out})", flush=True)
@@ -141,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     took = time.monotonic() - started
 
     figures = _summary.collect(results, ran)
-    meta = _meta(args.quick, took)
+    meta = _meta(args.quick, took, selected)
     summary_json = results / "summary.json"
-    _summary.write_json(summary_json, figures, meta)
+    _summary.write_json(summary_json, figures, meta, selected)
     subtitle = f"{meta['cpus']} CPUs, Python {meta['python']}, {meta['date']}" + (
         " (quick run: minimal repeats)" if args.quick else ""
     )
@@ -159,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n# Combined results ({'quick run, ' if args.quick else ''}{took:.0f} s of benchmarks)")
     print(_summary.table(figures))
     print(f"\nwritten: {summary_json}" + (f", {chart}" if chart.is_file() else ""))
-    missing = _summary.missing(figures) if not args.names else []
+    missing = _summary.missing(figures, selected)
     if missing:
         print(f"figures with no number: {', '.join(missing)}")
     if failed:
