@@ -123,7 +123,6 @@ def launch(
     term_timeout = options.term_timeout
     if term_timeout is None:
         term_timeout = float(config.shutdown_timeout or 30)
-    preemption = Preemption(term_timeout)
 
     params = RendezvousParameters(
         backend=config.rdzv_backend,
@@ -152,25 +151,33 @@ def launch(
         duplicate_stderr_filters=getattr(config, "duplicate_stderr_filters", None),
         virtual_local_rank=getattr(config, "virtual_local_rank", False),
     )
+    preemption = Preemption(term_timeout)
     monitors = MonitorSet(ft_cfg, config.nproc_per_node)
-    agent = FtElasticAgent(
-        spec,
-        config.logs_specs,
-        monitors=monitors,
-        settings=AgentSettings(
-            ft_cfg=ft_cfg,
-            policy=policy_from_name(options.restart_policy),
-            min_nodes=config.min_nodes,
-            workers_stop_timeout=options.workers_stop_timeout,
-            health_checks=health_checks,
-            finished_flag_file=options.finished_flag_file,
-            preemption=preemption,
-        ),
-        start_method=config.start_method,
-        log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=term_timeout,
-    )
-    agent.goodput = goodput
+    try:
+        agent = FtElasticAgent(
+            spec,
+            config.logs_specs,
+            monitors=monitors,
+            settings=AgentSettings(
+                ft_cfg=ft_cfg,
+                policy=policy_from_name(options.restart_policy),
+                min_nodes=config.min_nodes,
+                workers_stop_timeout=options.workers_stop_timeout,
+                health_checks=health_checks,
+                finished_flag_file=options.finished_flag_file,
+                preemption=preemption,
+            ),
+            start_method=config.start_method,
+            log_line_prefix_template=config.log_line_prefix_template,
+            shutdown_timeout=term_timeout,
+        )
+        agent.goodput = goodput
+    except BaseException:
+        # The try/finally below cleans up only once the agent exists; until then nothing else
+        # would stop the monitors or remove their 0700 socket directory and the exit-info one.
+        monitors.stop_all()
+        clean_up(preemption)
+        raise
     logger.info(
         "ft-launcher: %d worker(s) on this node, nnodes %d:%d, rendezvous %s at %s, "
         "restart policy %s, max restarts %d, monitor sockets in %s",
