@@ -1,10 +1,13 @@
-"""Value types of FaultToleranceConfig that need parsing: seconds, signals, log levels."""
+"""Value types of FaultToleranceConfig that need parsing (seconds, signals, log levels), and
+whether a field admits None."""
 
 from __future__ import annotations
 
 import difflib
 import logging
 import signal
+import types
+import typing
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PlainSerializer
@@ -113,3 +116,16 @@ def check_safety_factor(value: Any) -> Any:
             "accepts it; this toolkit does not, see docs/coming_from_nvidia_resiliency_ext.md)"
         )
     return value
+
+
+def is_optional(annotation: Any) -> bool:
+    """Whether a field's type annotation admits None (``X | None`` or ``Optional[X]``).
+
+    Args:
+        annotation: the field's annotation.
+
+    Returns:
+        True when None is one of the union's members.
+    """
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)

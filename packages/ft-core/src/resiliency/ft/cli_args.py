@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import types
 import typing
 from typing import Any
 
@@ -25,6 +24,7 @@ from resiliency.ft._config_errors import (
     closest_key,
     format_validation_error,
 )
+from resiliency.ft._config_values import is_optional
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
 from resiliency.ft._yaml_section import SECTION_KEY, EmptyConfigFileError, load_section
 from resiliency.ft.config import FaultToleranceConfig
@@ -71,11 +71,6 @@ def _flags_label(name: str) -> str:
     return f"{kebab}/{snake}"
 
 
-def _is_optional(annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
-
-
 def _is_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
@@ -90,7 +85,7 @@ def _metavar(name: str) -> str:
         return "NAME:SECS,..."
     if annotation is bool:
         return "BOOL"
-    if _is_optional(annotation):
+    if is_optional(annotation):
         return "FLOAT|null"
     return "FLOAT" if annotation is float else "VALUE"
 
@@ -226,7 +221,7 @@ def _flag_value(name: str, raw: Any) -> Any:
     annotation = FaultToleranceConfig.model_fields[name].annotation
     if _is_mapping(annotation):
         return _parse_section_timeouts(raw)
-    if _is_optional(annotation) and raw.strip().lower() in _NULL_WORDS:
+    if is_optional(annotation) and raw.strip().lower() in _NULL_WORDS:
         return None
     return raw.strip()
 

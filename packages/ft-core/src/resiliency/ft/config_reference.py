@@ -16,13 +16,9 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from resiliency.ft._config_values import is_optional
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
-from resiliency.ft.cli_args import (
-    CFG_PATH_FLAGS,
-    IGNORE_MISSING_CFG_FLAG,
-    _is_optional,
-    field_flags,
-)
+from resiliency.ft.cli_args import CFG_PATH_FLAGS, IGNORE_MISSING_CFG_FLAG, field_flags
 from resiliency.ft.config import SECTION_KEY, FaultToleranceConfig
 
 __all__ = ["render_config_reference"]
@@ -34,7 +30,7 @@ def _type_label(name: str) -> str:
     if isinstance(extra, dict) and isinstance(extra.get("doc_type"), str):
         return str(extra["doc_type"])
     annotation = field.annotation
-    if _is_optional(annotation):
+    if is_optional(annotation):
         inner = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         return " or ".join(_plain_type(arg) for arg in inner) + " or null"
     return _plain_type(annotation) + _bounds(field.metadata)
