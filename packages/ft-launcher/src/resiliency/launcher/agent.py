@@ -24,10 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from resiliency.ft import MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
-from resiliency.launcher.coordination import (
-    exit_barrier,
-    failed_elsewhere,
-)
+from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
 from resiliency.launcher.diagnosis import HangDiagnosis
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
@@ -41,6 +38,7 @@ from resiliency.launcher.preemption import (
     is_preempted,
     launcher_stopping,
 )
+from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState
 from resiliency.launcher.worker_groups import WorkerProcessGroups
 from resiliency.launcher.workload_control import (
@@ -107,6 +105,7 @@ class FtElasticAgent(CompatAgent):
         self._settings = settings
         self._cycle = self._new_cycle()
         self._shared: SharedRoundState | None = None
+        self._watcher: RoundWatcher | None = None
         self._published_failure = False
         self._worker_groups = WorkerProcessGroups()
         self.outcome: Outcome | None = None
@@ -141,10 +140,21 @@ class FtElasticAgent(CompatAgent):
             raise _NodeLeaves(_unhealthy(failed))
 
     def after_rendezvous(self, worker_group: WorkerGroup) -> None:
-        """Bind the shared round state to the new round's store."""
+        """Bind the shared round state to the new round's store and start following it."""
+        self._stop_watching()
         # torch leaves WorkerGroup.store untyped (None until the first rendezvous).
-        self._shared = SharedRoundState(cast(Store, worker_group.store))
+        self._shared = SharedRoundState(
+            cast(Store, worker_group.store),
+            world=worker_group.group_world_size or 1,
+            rank=worker_group.group_rank or 0,
+        )
+        self._watcher = RoundWatcher(self._shared).start()
         self._published_failure = False
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._monitors.start_all()
@@ -323,6 +333,7 @@ class FtElasticAgent(CompatAgent):
         finally:
             if self._health is not None:
                 self._health.stop()
+            self._stop_watching()
 
     def _supervise(self) -> RunResult:  # noqa: PLR0911 - one return per way the job ends
         group = self.worker_group
@@ -339,7 +350,8 @@ class FtElasticAgent(CompatAgent):
             ):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
                 return result
-            shared = self._shared.snapshot() if self._shared is not None else None
+            # The round watcher's latest state: no store operation per monitoring interval.
+            shared = self._watcher.snapshot() if self._watcher is not None else None
 
             if self._cycle.shutdown is not None:
                 return self._shutdown_workload(result)
@@ -419,58 +431,13 @@ class FtElasticAgent(CompatAgent):
 
     # --- min-healthy standby --------------------------------------------------------------------
     def _standby(self, result: RunResult) -> RunResult | None:
-        group = self.worker_group
-        spec = group.spec
-        self._stop_workers(group)
-        if self._shared is None:
-            raise RuntimeError("standby without a rendezvous round")
-        self._shared.publish_standby()
-        logger.warning(
-            "min-healthy: this node's workers failed (%s); standing by while the other nodes "
-            "keep at least %d healthy",
-            self.attempt_causes[-1] if self.attempt_causes else "unknown",
-            self._settings.min_nodes,
-        )
-        while True:
-            time.sleep(spec.monitor_interval)
-            state = self._shared.snapshot()
-            if state.shutdown is not None:
-                return self._follow_shutdown(result, state.shutdown)
-            if state.done:
-                self._shared.ack_done()
-                self.outcome = Outcome(
-                    ExitCode.SUCCESS,
-                    "finished_on_healthy_nodes",
-                    "this node's workers failed; the job finished on the healthy nodes",
-                )
-                logger.warning("%s", self.outcome.detail)
-                return stopped_result()
-            healthy = (group.group_world_size or 1) - state.standby - state.left
-            if healthy < self._settings.min_nodes:
-                if self.remaining_restarts <= 0:
-                    self.outcome = Outcome(
-                        ExitCode.FAILURE,
-                        "restarts_exhausted",
-                        f"root cause: {self.attempt_causes[0]}; no restarts left",
-                    )
-                    return result
-                self.remaining_restarts -= 1
-                self.restarts_done += 1
-                logger.warning(
-                    "min-healthy: only %d healthy node(s) left (< %d); rejoining the group",
-                    healthy,
-                    self._settings.min_nodes,
-                )
-                self.initialize_workers()
-                return None
+        return stand_by(self, result)
 
     # --- exit barrier ---------------------------------------------------------------------------
     def exit_barrier(self) -> None:
         """Wait until every node of the round finished or stepped aside, then release standbys."""
         if self._shared is not None:
-            exit_barrier(
-                self._shared, self.worker_group.group_world_size or 1, self.exit_barrier_timeout
-            )
+            exit_barrier(self._shared, self.exit_barrier_timeout)
 
     # --- workload control -----------------------------------------------------------------------
     def _shutdown_workload(self, result: RunResult) -> RunResult:

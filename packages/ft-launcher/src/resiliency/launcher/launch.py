@@ -247,7 +247,7 @@ def _outcome_without_verdict(agent: FtElasticAgent) -> Outcome:
     shared = agent._shared
     if shared is not None:
         try:
-            request = shared.snapshot().shutdown
+            request = shared.read().shutdown
         except RuntimeError as exc:
             logger.debug("cannot read the last round's state: %s", exc)
             request = None

@@ -1,43 +1,87 @@
 """What the nodes of one rendezvous round tell each other, through that round's store.
 
 All keys live in the per-round namespace the rendezvous wrapper creates, so nothing leaks from one
-round into the next. A single counter (``ft/events``) changes whenever anything below changes, so
-a healthy node pays one store round trip per monitoring interval.
+round into the next. Whoever changes a counter then pushes a wake-up into every node's queue
+(``ft/wake/<group rank>``), so a node learns about changes by *blocking* on its own queue
+(:class:`~resiliency.launcher.round_watch.RoundWatcher`) instead of polling the store: changes are
+rare (a failure, a shutdown request), so their cost, one push per node, is paid only then.
+Acknowledgements and the exit barrier are numbered keys too: whoever waits for them blocks in
+``store.wait`` with a deadline, and the store answers when the last one arrives.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from torch.distributed import Store
 
-__all__ = ["RoundState", "SharedRoundState"]
+from resiliency.launcher.errors import LauncherError
+
+__all__ = [
+    "ACK_WAIT_SECONDS",
+    "RoundState",
+    "SharedRoundState",
+    "StoreWaitTimeoutError",
+    "wait_keys",
+]
 
 logger = logging.getLogger(__name__)
 
-_EVENTS = "ft/events"
+_WAKE = "ft/wake/"  # + group rank: a queue; one entry per change that node should read
 _FAILED = "ft/failed"  # nodes whose workers failed this round (any policy)
 _STANDBY = "ft/standby"  # failed nodes waiting outside the group (min-healthy)
 _LEFT = "ft/left"  # nodes that left the job (ExcludeThisNode, failed health check)
 _SHUTDOWN = "ft/shutdown"  # JSON: a rank asked for ShutdownWorkload
-_SHUTDOWN_ACK = "ft/shutdown_ack"
-_ARRIVED = "ft/exit_arrived"  # nodes whose workers succeeded (exit barrier)
+_SHUTDOWN_ACK = "ft/shutdown_ack/"  # + i: the i-th node that stopped after a shutdown request
+#: How long a node waits for the others to acknowledge a shutdown or a release.
+ACK_WAIT_SECONDS = 5.0
+
+_EXIT_COUNT = "ft/exit_count"  # nodes done with this round: succeeded, on standby or left
+_EXIT_OPEN = "ft/exit_open"  # set by the node that completes the exit count
 _DONE = "ft/done"  # the job finished on the healthy nodes
-_DONE_ACK = "ft/done_ack"
+_DONE_ACK = "ft/done_ack/"  # + i: the i-th node on standby that saw the job finish
+
+
+class StoreWaitTimeoutError(LauncherError, TimeoutError):
+    """A blocking wait on the round's store reached its deadline."""
 
 
 @dataclass(frozen=True)
 class RoundState:
-    """A snapshot of the shared counters of one round."""
+    """A snapshot of the shared counters of one round.
+
+    Attributes:
+        version: counts the changes this node has read; a later snapshot has a larger one.
+    """
 
     failed: int = 0
     standby: int = 0
     left: int = 0
     shutdown: dict[str, Any] | None = None
     done: bool = False
+    version: int = field(default=0, compare=False)
+
+
+def _is_timeout(exc: RuntimeError) -> bool:
+    # torch raises DistStoreError (a RuntimeError) on a wait deadline; other RuntimeErrors
+    # (connection reset: the store's host is gone) are real failures.
+    return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+
+
+def wait_keys(store: Store, keys: list[str], timeout: float, what: str) -> None:
+    """Block until every key exists, or raise :class:`StoreWaitTimeoutError` naming ``what``."""
+    if not keys:
+        return
+    try:
+        store.wait(keys, timedelta(seconds=max(timeout, 0.001)))
+    except RuntimeError as exc:
+        if _is_timeout(exc):
+            raise StoreWaitTimeoutError(f"waited {timeout:.0f} s for {what}") from None
+        raise
 
 
 class SharedRoundState:
@@ -45,19 +89,28 @@ class SharedRoundState:
 
     Args:
         store: the round's store (``WorkerGroup.store`` after the rendezvous).
+        world: the number of nodes in the round.
+        rank: this node's group rank in the round.
     """
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._seen_events = -1
-        self._cached = RoundState()
+    def __init__(self, store: Store, world: int = 1, rank: int = 0) -> None:
+        self.store = store
+        self.world = world
+        self.rank = rank
 
-    def _counter(self, key: str) -> int:
-        return int(self._store.add(key, 0))
+    @property
+    def wake_queue(self) -> str:
+        """This node's wake-up queue."""
+        return f"{_WAKE}{self.rank}"
+
+    # --- changes every node watches -----------------------------------------------------------
+    def _announce(self) -> None:
+        for rank in range(self.world):
+            self.store.queue_push(f"{_WAKE}{rank}", "change")
 
     def _bump(self, key: str) -> None:
-        self._store.add(key, 1)
-        self._store.add(_EVENTS, 1)
+        self.store.add(key, 1)
+        self._announce()
 
     def publish_failed(self) -> None:
         """This node's workers failed this round."""
@@ -65,60 +118,83 @@ class SharedRoundState:
 
     def publish_standby(self) -> None:
         """This node steps aside (min-healthy) and waits outside the group."""
+        self._count_done()  # it will not reach the exit barrier: count it now
         self._bump(_STANDBY)
 
     def publish_left(self) -> None:
         """This node leaves the job for good."""
+        self._count_done()
         self._bump(_LEFT)
 
     def publish_shutdown(self, rank: int | None, desc: str) -> None:
         """A rank of this node asked for ShutdownWorkload: every node must stop."""
-        self._store.set(_SHUTDOWN, json.dumps({"rank": rank, "desc": desc}))
-        self._store.add(_EVENTS, 1)
-
-    def ack_shutdown(self) -> None:
-        """This node saw the shutdown request and stopped its workers."""
-        self._store.add(_SHUTDOWN_ACK, 1)
-
-    def shutdown_acks(self) -> int:
-        """Return how many nodes acknowledged the shutdown request."""
-        return self._counter(_SHUTDOWN_ACK)
-
-    def arrive_at_exit(self) -> None:
-        """This node's workers succeeded."""
-        self._store.add(_ARRIVED, 1)
-
-    def arrived(self) -> int:
-        """Return how many nodes' workers succeeded."""
-        return self._counter(_ARRIVED)
+        self.store.set(_SHUTDOWN, json.dumps({"rank": rank, "desc": desc}))
+        self._announce()
 
     def publish_done(self) -> None:
         """The job finished on the healthy nodes; nodes on standby may exit."""
-        self._store.set(_DONE, "1")
-        self._store.add(_EVENTS, 1)
+        self.store.set(_DONE, "1")
+        self._announce()
+
+    def wake_self(self) -> None:
+        """Wake this node's own watcher only (to stop it)."""
+        self.store.queue_push(self.wake_queue, "stop")
+
+    def read(self) -> RoundState:
+        """Read the current state from the store (a handful of operations)."""
+        shutdown = None
+        if self.store.check([_SHUTDOWN]):
+            shutdown = json.loads(self.store.get(_SHUTDOWN))
+        return RoundState(
+            failed=int(self.store.add(_FAILED, 0)),
+            standby=int(self.store.add(_STANDBY, 0)),
+            left=int(self.store.add(_LEFT, 0)),
+            shutdown=shutdown,
+            done=bool(self.store.check([_DONE])),
+        )
+
+    # --- acknowledgements -----------------------------------------------------------------------
+    def ack_shutdown(self) -> None:
+        """This node saw the shutdown request and stopped its workers."""
+        self.store.set(f"{_SHUTDOWN_ACK}{int(self.store.add(_SHUTDOWN_ACK, 1))}", "1")
+
+    def wait_shutdown_acks(self, nodes: int, timeout: float) -> None:
+        """Block until ``nodes`` nodes acknowledged the shutdown request.
+
+        Raises:
+            StoreWaitTimeoutError: fewer acknowledged within ``timeout`` seconds.
+        """
+        keys = [f"{_SHUTDOWN_ACK}{i}" for i in range(1, nodes + 1)]
+        wait_keys(self.store, keys, timeout, f"{nodes} node(s) to acknowledge the shutdown")
 
     def ack_done(self) -> None:
         """A node on standby saw that the job finished."""
-        self._store.add(_DONE_ACK, 1)
+        self.store.set(f"{_DONE_ACK}{int(self.store.add(_DONE_ACK, 1))}", "1")
 
-    def done_acks(self) -> int:
-        """Return how many nodes on standby saw that the job finished."""
-        return self._counter(_DONE_ACK)
+    def wait_done_acks(self, nodes: int, timeout: float) -> None:
+        """Block until ``nodes`` nodes on standby saw that the job finished.
 
-    def snapshot(self) -> RoundState:
-        """Return the current state; one store round trip when nothing changed."""
-        events = self._counter(_EVENTS)
-        if events == self._seen_events:
-            return self._cached
-        shutdown = None
-        if self._store.check([_SHUTDOWN]):
-            shutdown = json.loads(self._store.get(_SHUTDOWN))
-        self._cached = RoundState(
-            failed=self._counter(_FAILED),
-            standby=self._counter(_STANDBY),
-            left=self._counter(_LEFT),
-            shutdown=shutdown,
-            done=bool(self._store.check([_DONE])),
-        )
-        self._seen_events = events
-        return self._cached
+        Raises:
+            StoreWaitTimeoutError: fewer acknowledged within ``timeout`` seconds.
+        """
+        keys = [f"{_DONE_ACK}{i}" for i in range(1, nodes + 1)]
+        wait_keys(self.store, keys, timeout, f"{nodes} node(s) on standby to see the job finish")
+
+    # --- exit barrier ---------------------------------------------------------------------------
+    def _count_done(self) -> None:
+        # Whichever node completes the count (one that finished, stood by or left) opens the
+        # barrier; the others block on that one key.
+        if int(self.store.add(_EXIT_COUNT, 1)) >= self.world:
+            self.store.set(_EXIT_OPEN, "1")
+
+    def arrive_at_exit(self) -> None:
+        """This node's workers succeeded; open the barrier if this completes the round."""
+        self._count_done()
+
+    def wait_exit(self, timeout: float) -> None:
+        """Block until every node of the round finished, stood by or left.
+
+        Raises:
+            StoreWaitTimeoutError: the other nodes were not done within ``timeout`` seconds.
+        """
+        wait_keys(self.store, [_EXIT_OPEN], timeout, "the other nodes to finish (exit barrier)")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
 from resiliency.launcher.agent_settings import Outcome
-from resiliency.launcher.coordination import ACK_WAIT_SECONDS, wait_until
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.shared_state import ACK_WAIT_SECONDS, StoreWaitTimeoutError
 
 if TYPE_CHECKING:
     from resiliency.launcher.agent import FtElasticAgent
@@ -42,11 +42,10 @@ def shutdown_workload(agent: FtElasticAgent) -> RunResult:
         logger.warning("could not close the rendezvous: %s", exc)
     others = (group.group_world_size or 1) - 1
     if agent._shared is not None and others > 0:
-        shared = agent._shared
-        if not wait_until(lambda: shared.shutdown_acks() >= others, ACK_WAIT_SECONDS):
-            logger.warning(
-                "not every node acknowledged the shutdown within %.0f s", ACK_WAIT_SECONDS
-            )
+        try:
+            agent._shared.wait_shutdown_acks(others, ACK_WAIT_SECONDS)
+        except StoreWaitTimeoutError as exc:
+            logger.warning("not every node acknowledged the shutdown: %s", exc)
     agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
     return stopped_result()
 
