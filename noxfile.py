@@ -44,6 +44,7 @@ nox.options.sessions = [
     "straggler_cupti",
     "ft_launcher",
     "ptl",
+    "ptl_standalone",
     "integration",
 ]
 
@@ -193,6 +194,51 @@ def ptl(session: nox.Session) -> None:
         *TEST_DEPS,
     )
     _pytest(session, "tests/ptl_resiliency", "tests/compat/test_ptl.py")
+
+
+# One test file per callback family, run under the standalone package's Trainer. Left to `ptl`:
+# the timeout calculations ("persisted"), the ft-launcher loop over the unmodified example, and
+# the second emergency-save victim, none of which depends on Lightning's import path.
+PTL_STANDALONE_TESTS = (
+    "tests/ptl_resiliency/test_without_launcher.py",
+    "tests/ptl_resiliency/test_callback_args.py",
+    "tests/ptl_resiliency/test_straggler_ddp.py",
+    "tests/ptl_resiliency/test_ft_callback.py",
+    "tests/ptl_resiliency/test_sections_callback.py",
+    "tests/ptl_resiliency/test_local_checkpoint_callback.py",
+    "tests/ptl_resiliency/test_checkpoint_callbacks.py"
+    "::test_sigterm_to_one_ddp_rank_saves_an_agreed_step_and_resumes[1]",
+)
+
+
+@nox.session(python=TORCH_PYTHON)
+def ptl_standalone(session: nox.Session) -> None:
+    """The Lightning callbacks under the standalone ``pytorch_lightning`` package's Trainer.
+
+    The same installs as ``ptl`` plus ``pytorch-lightning`` (pinned beside ``lightning`` in
+    constraints.txt); ``RESILIENCY_TEST_LIGHTNING=pytorch_lightning`` makes the tests, their job
+    scripts and the example they load train through ``pytorch_lightning`` instead of
+    ``lightning.pytorch`` (tests/ptl_resiliency/lightning_flavour.py). About two minutes.
+    """
+    _install(
+        session,
+        _pkg("ft-core"),
+        _pkg("straggler"),
+        _pkg("goodput"),
+        _pkg("checkpoint"),
+        _pkg("ft-launcher"),
+        _pkg("ptl-resiliency"),
+        "pytorch-lightning",
+        *TEST_DEPS,
+    )
+    session.run(
+        "pytest",
+        *PTL_STANDALONE_TESTS,
+        "-k",
+        "not persisted",
+        *session.posargs,
+        env={"PYTHONDONTWRITEBYTECODE": "0", "RESILIENCY_TEST_LIGHTNING": "pytorch_lightning"},
+    )
 
 
 def _install_everything(session: nox.Session) -> None:

@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lightning_flavour import ENV, MODULE
 from ptl_harness import Jobs, Monitors
+
+
+def pytest_report_header() -> str:
+    """Say which Lightning the tests train with (see lightning_flavour.py)."""
+    return f"Lightning flavour: {MODULE} ({ENV})"
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.strategies import DDPStrategy
+from lightning_flavour import DDPStrategy, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from resiliency.ptl import LocalCheckpointCallback

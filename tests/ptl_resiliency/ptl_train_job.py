@@ -9,7 +9,6 @@ is then exact.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import sys
 import time
@@ -17,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_flavour import load_example
 
 from resiliency.ptl import StragglerDetectionCallback, shutdown_on
 
 _EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ptl_train.py"
-_spec = importlib.util.spec_from_file_location("ptl_train_example", _EXAMPLE)
-assert _spec is not None and _spec.loader is not None
-example = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(example)
+example = load_example(_EXAMPLE, "ptl_train_example")
 
 
 class ManualClock:
@@ -112,6 +109,7 @@ def main() -> int:
     if args.shutdown_on_runtime_error:
         ft_kwargs["exception_handling_policy"] = shutdown_on(RuntimeError)
     result = example.run(args, model=model, **ft_kwargs)
+    result["lightning"] = example.Trainer.__module__.split(".")[0]
     if result["is_global_zero"]:
         print("PTL_TRAIN_RESULT " + json.dumps(result), flush=True)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import lightning_flavour
 import pytest
 import torch
 from ptl_harness import JOB, Jobs, job_result
@@ -58,6 +59,7 @@ def test_slow_rank_is_flagged_logged_and_stops_all_ranks(jobs: Jobs, tmp_path: P
     steps = {line.split("stopping training at step ")[1].split()[0].rstrip(";") for line in stops}
     assert steps == {"50"}, stops
     result = job_result(out)
+    assert result["lightning"] == lightning_flavour.NAME  # the Trainer this lane selected
     assert result["global_step"] == 50
     ckpt = work / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == 50
