@@ -3,13 +3,11 @@ variable or signal handler behind fails, with what leaked and which test left it
 
 Design
 ------
-The checks are two hook wrappers, not a fixture, so that they see every fixture of the test:
-
-* ``pytest_runtest_setup`` (outermost wrapper) takes the *baseline* before any fixture of the
-  test is set up;
-* ``pytest_runtest_teardown`` (outermost wrapper) checks after every fixture the test's teardown
-  finalizes has run, ``monkeypatch`` included: what monkeypatch changed is already undone, so it
-  never counts as a leak.
+Hook wrappers, not a fixture, so that they see every fixture of the test (in a plugin, since
+pytest calls no conftest hook for the session-scoped fixtures on the Session node):
+``pytest_runtest_setup`` takes the *baseline* before any fixture of the test is set up, and
+``pytest_runtest_teardown`` checks after every fixture its teardown finalizes has run,
+``monkeypatch`` included: what monkeypatch changed is undone by then, so it is never a leak.
 
 Broader-scoped (class/module/package/session) fixtures legitimately outlive one test. Whatever
 appears while such a fixture is set up (``pytest_fixture_setup``, even when a test pulls it in
@@ -17,9 +15,8 @@ lazily with ``request.getfixturevalue``) is *owned* by that fixture: its process
 descendants), threads and sockets are allowed for as long as the fixture lives, and its
 environment and signal-handler changes become the expected state. When the fixture is finalized
 (``pytest_fixture_post_finalizer``), what it owned must be gone too, and the environment and
-handlers must be back to what they were before its setup; that is checked at the end of the
-teardown that finalized it, so a module fixture that leaks fails the module's last test with the
-fixture named in the message.
+handlers must be back to what they were before its setup: a module fixture that leaks fails the
+module's last test, with the fixture named in the message.
 
 What counts as a leak, compared with the baseline:
 
@@ -31,7 +28,8 @@ What counts as a leak, compared with the baseline:
 * **thread**: a new ``threading.Thread`` still alive (threads that C code registered, the
   ``_DummyThread`` kind, cannot be joined from Python and are not checked).
 * **socket**: a new ``socket:[inode]`` file descriptor of the pytest process.
-* **env**: ``os.environ`` differs (``PYTEST_CURRENT_TEST`` aside, which pytest itself manages).
+* **env**: ``os.environ`` differs (aside from the few variables in ``_IGNORED_ENV`` that pytest
+  or a third-party library sets for the whole process on first import).
 * **signal**: ``signal.getsignal`` differs for any catchable signal; SIGALRM aside while
   pytest-timeout is loaded: it owns SIGALRM around every test, clears it when a test fails, and
   resets it to the default after each test anyway.
@@ -66,14 +64,22 @@ GRACE_S = float(os.environ.get("RESILIENCY_LEAK_GRACE_S", "5"))
 KINDS = ("process", "thread", "socket", "env", "signal")
 TOKEN_VAR = "RESILIENCY_LEAK_CHECK_TOKEN"
 _HAS_PROC = os.path.isdir("/proc/self/fd")
-# pytest sets and clears this around every phase by itself.
-_IGNORED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+# Variables set for the whole process by their owner, not by a test: pytest around every phase,
+# third-party libraries the first time they are imported or used, whichever test that happens in.
+_IGNORED_ENV = frozenset(
+    {
+        "PYTEST_CURRENT_TEST",
+        "PYTORCH_NVML_BASED_CUDA_CHECK",  # set by `import lightning.fabric`
+        "TORCHINDUCTOR_CACHE_DIR",  # pinned by torch inductor on its first cache look-up
+    }
+)
 # Process-lifetime helpers the standard library starts once and keeps on purpose.
 _SINGLETON_CMDLINES = (
     "from multiprocessing.resource_tracker import main",
     "from multiprocessing.forkserver import main",
 )
 _CATCHABLE = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+_SIGNAMES = {s.value: s.name for s in signal.Signals}  # real-time signals have no name
 _MISSING = object()
 
 ProcKey = tuple[int, int]  # (pid, start time in clock ticks): a reused pid is another process
@@ -114,7 +120,6 @@ class Owned:
 class RunState:
     """The baseline of the running test and what broad fixtures changed during it."""
 
-    nodeid: str
     base: Snapshot
     expected_env: dict[str, str]
     expected_signals: dict[int, Any]
@@ -210,10 +215,6 @@ class _Procs:
             self._info[pid] = _stat(pid)
         return self._info[pid]
 
-    def key(self, pid: int) -> ProcKey | None:
-        info = self.info(pid)
-        return None if info is None else (pid, info.start)
-
     def descends(self, pid: int, roots: set[int]) -> bool:
         for _ in range(4096):  # bounded: a pid can be reused into a loop while we walk
             if pid in roots:
@@ -243,9 +244,10 @@ def _proc_leaks(state: RunState) -> dict[ProcKey, str]:
     candidates = (_pids() - state.base.pids) | {key[0] for key in released}
     leaks = {}
     for pid in candidates:
-        info, key = procs.info(pid), procs.key(pid)
-        if info is None or key is None or pid == procs.me:
+        info = procs.info(pid)
+        if info is None or pid == procs.me:
             continue
+        key = (pid, info.start)
         if info.state == "Z" and info.ppid != procs.me:
             continue  # reaping it is its own parent's job, and that parent is checked itself
         if key in released:
@@ -294,12 +296,12 @@ def _describe_socket(inode: int) -> str:
     return "unknown family"
 
 
-def _socket_leaks(state: RunState, now: dict[int, int]) -> list[str]:
+def _socket_leaks(state: RunState) -> list[str]:
     allowed = {s for o in _owned.values() for s in o.sockets}
     released = {s: o.label for o in state.released for s in o.sockets}
     return [
         f"socket fd {fd} ({_describe_socket(inode)}){_left_by(released.get(inode))}"
-        for inode, fd in now.items()
+        for inode, fd in _scan_sockets().items()
         if inode in released or (inode not in state.base.sockets and inode not in allowed)
     ]
 
@@ -313,19 +315,12 @@ def _env_leaks(state: RunState) -> list[str]:
     return leaks
 
 
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:  # real-time signals have no name
-        return f"signal {sig}"
-
-
 def _signal_leaks(state: RunState) -> list[str]:
     leaks = []
     for sig, handler in _scan_signals().items():
         want = state.expected_signals.get(sig, _MISSING)
         if want is not _MISSING and handler != want:
-            leaks.append(f"signal handler for {_signame(sig)}: {want!r} -> {handler!r}")
+            leaks.append(f"signal handler for {_SIGNAMES.get(sig, sig)}: {want!r} -> {handler!r}")
     return leaks
 
 
@@ -336,15 +331,14 @@ def _find_leaks(state: RunState, allowed_kinds: set[str]) -> tuple[list[str], se
     if "process" not in allowed_kinds:
         procs = _proc_leaks(state)
         lines += procs.values()
-    checks: list[tuple[str, Callable[[], list[str]]]] = [
-        ("thread", lambda: _thread_leaks(state)),
-        ("socket", lambda: _socket_leaks(state, _scan_sockets())),
-        ("env", lambda: _env_leaks(state)),
-        ("signal", lambda: _signal_leaks(state)),
-    ]
-    for kind, check in checks:
-        if kind not in allowed_kinds:
-            lines += check()
+    checks: dict[str, Callable[[RunState], list[str]]] = {
+        "thread": _thread_leaks,
+        "socket": _socket_leaks,
+        "env": _env_leaks,
+        "signal": _signal_leaks,
+    }
+    for kind, check in checks.items():
+        lines += [] if kind in allowed_kinds else check(state)
     return lines, set(procs)
 
 
@@ -384,6 +378,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "allow_leak(*kinds, reason): let this test leave behind the given kinds of resources "
         f"({', '.join(KINDS)}); the reason is required",
     )
+    # Hooks in a conftest run only for nodes under its directory, and session-scoped fixtures
+    # belong to the Session node above it: registered as a plugin, the hooks see every fixture.
+    config.pluginmanager.register(LeakChecks(), "resiliency-leak-checks")
     # Children inherit it, so a process orphaned by its killed parent is still recognised as ours.
     _token = f"{os.getpid()}-{secrets.token_hex(4)}"
     os.environ[TOKEN_VAR] = _token
@@ -403,88 +400,10 @@ def _allowed_kinds(item: pytest.Item) -> set[str]:
     return kinds
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        _allowed_kinds(item)  # a malformed marker stops the run before any test runs
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    global _current
-    base = _snapshot()
-    _current = RunState(item.nodeid, base, dict(base.env), dict(base.signals))
-    return (yield)
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    global _current
-    try:
-        result = yield
-    except BaseException as exc:
-        # The teardown failed already: report that, with any leak as a note rather than instead.
-        if _current is not None:
-            lines = _check(_current, _allowed_kinds(item))
-            if lines and hasattr(exc, "add_note"):
-                exc.add_note("also leaked:\n  " + "\n  ".join(lines))
-        _current = None
-        raise
-    state, _current = _current, None
-    if state is None:
-        return result
-    lines = _check(state, _allowed_kinds(item))
-    if lines:
-        pytest.fail(f"{item.nodeid} leaked:\n  " + "\n  ".join(lines), pytrace=False)
-    return result
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Any:
-    if fixturedef.scope == "function":
-        return (yield)
-    before = _snapshot()
-    try:
-        return (yield)
-    finally:
-        after = _snapshot()
-        owned = Owned(
-            label=f"{fixturedef.argname!r} ({fixturedef.scope} scope)",
-            procs=_new_procs(before.pids, after.pids),
-            threads=after.threads - before.threads,
-            sockets=set(after.sockets) - set(before.sockets),
-            env_before={
-                k: before.env.get(k, _MISSING)
-                for k in set(before.env) | set(after.env)
-                if before.env.get(k) != after.env.get(k)
-            },
-            signals_before={
-                s: h for s, h in before.signals.items() if after.signals.get(s, h) != h
-            },
-        )
-        _owned[id(fixturedef)] = owned
-        if _current is not None:
-            for key in owned.env_before:
-                _set_expected(_current.expected_env, key, after.env.get(key, _MISSING))
-            for sig in owned.signals_before:
-                _current.expected_signals[sig] = after.signals[sig]
-
-
 def _new_procs(before: set[int], after: set[int]) -> set[ProcKey]:
     procs = _Procs()
-    keys = {procs.key(pid) for pid in after - before if procs.ours(pid)}
-    return {key for key in keys if key is not None}
-
-
-def pytest_fixture_post_finalizer(
-    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
-) -> None:
-    owned = _owned.pop(id(fixturedef), None)
-    if owned is None or _current is None:
-        return
-    _current.released.append(owned)
-    for key, value in owned.env_before.items():
-        _set_expected(_current.expected_env, key, value)
-    _current.expected_signals.update(owned.signals_before)
+    infos = {pid: procs.info(pid) for pid in after - before if procs.ours(pid)}
+    return {(pid, info.start) for pid, info in infos.items() if info is not None}
 
 
 def _set_expected(expected: dict[str, str], key: str, value: Any) -> None:
@@ -492,3 +411,86 @@ def _set_expected(expected: dict[str, str], key: str, value: Any) -> None:
         expected.pop(key, None)
     else:
         expected[key] = value
+
+
+class LeakChecks:
+    """The hooks, as one plugin (see pytest_configure for why not conftest hooks)."""
+
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        for item in items:
+            _allowed_kinds(item)  # a malformed marker stops the run before any test runs
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        global _current
+        base = _snapshot()
+        _current = RunState(base, dict(base.env), dict(base.signals))
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Iterator[None]:
+        global _current
+        try:
+            result = yield
+        except BaseException as exc:
+            # The teardown failed already: report that, with any leak as a note rather than instead.
+            if _current is not None:
+                lines = _check(_current, _allowed_kinds(item))
+                if lines and hasattr(exc, "add_note"):
+                    exc.add_note("also leaked:\n  " + "\n  ".join(lines))
+            _current = None
+            raise
+        state, _current = _current, None
+        if state is None:
+            return result
+        lines = _check(state, _allowed_kinds(item))
+        if lines:
+            pytest.fail(f"{item.nodeid} leaked:\n  " + "\n  ".join(lines), pytrace=False)
+        return result
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Any:
+        if fixturedef.scope == "function":
+            return (yield)
+        before = _snapshot()
+        try:
+            return (yield)
+        finally:
+            after = _snapshot()
+            owned = Owned(
+                label=f"{fixturedef.argname!r} ({fixturedef.scope} scope)",
+                procs=_new_procs(before.pids, after.pids),
+                threads=after.threads - before.threads,
+                sockets=set(after.sockets) - set(before.sockets),
+                env_before={
+                    k: before.env.get(k, _MISSING)
+                    for k in set(before.env) | set(after.env)
+                    if before.env.get(k) != after.env.get(k)
+                },
+                signals_before={
+                    s: h for s, h in before.signals.items() if after.signals.get(s, h) != h
+                },
+            )
+            _owned[id(fixturedef)] = owned
+            if _current is not None:
+                for key in owned.env_before:
+                    _set_expected(_current.expected_env, key, after.env.get(key, _MISSING))
+                for sig in owned.signals_before:
+                    _current.expected_signals[sig] = after.signals[sig]
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> None:
+        owned = _owned.pop(id(fixturedef), None)
+        if owned is None or _current is None:
+            return
+        _current.released.append(owned)
+        for key, value in owned.env_before.items():
+            _set_expected(_current.expected_env, key, value)
+        _current.expected_signals.update(owned.signals_before)

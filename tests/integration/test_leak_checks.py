@@ -123,11 +123,24 @@ LEAKY = {
 
 
 def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) -> None:
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_suite.py").write_text(textwrap.dedent(SUITE))
+    # The repository's layout: the conftest one level below the rootdir, where pytest would not
+    # call conftest hooks for the session-scoped fixtures that hang off the Session node.
+    (tmp_path / "tests").mkdir()
+    shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_suite.py").write_text(textwrap.dedent(SUITE))
     env = {**os.environ, "RESILIENCY_LEAK_GRACE_S": "0.5"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--rootdir", "."],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "--rootdir",
+            ".",
+            "tests",
+        ],
         cwd=tmp_path,
         check=False,
         env=env,
@@ -136,11 +149,14 @@ def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) ->
         timeout=120,
     )
     out = result.stdout + result.stderr
-    errors = set(re.findall(r"^ERROR test_suite\.py::(\w+)", out, re.MULTILINE))
-    passed = set(re.findall(r"^PASSED test_suite\.py::(\w+)", out, re.MULTILINE))
+    errors = set(re.findall(r"^ERROR tests/test_suite\.py::(\w+)", out, re.MULTILINE))
+    passed = set(re.findall(r"^PASSED tests/test_suite\.py::(\w+)", out, re.MULTILINE))
     assert errors == set(LEAKY), out
     for test, pattern in LEAKY.items():
-        assert re.search(f"test_suite.py::{test} leaked:\\n(  .*\\n)*  {pattern}", out), (test, out)
+        assert re.search(f"tests/test_suite.py::{test} leaked:\\n(  .*\\n)*  {pattern}", out), (
+            test,
+            out,
+        )
     assert "test_lazy_session_fixture_is_fine" in passed, out
     assert "test_monkeypatch_is_fine" in passed, out
     assert "test_allowed" in passed, out
