@@ -68,6 +68,9 @@ def fake_job(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]
             if p is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
+        # A killed rank's child is reparented out of the tree; it stays in the job's session.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
 
