@@ -49,7 +49,10 @@ def launcher_side_effects() -> Iterator[None]:
 
 @pytest.mark.usefixtures("launcher_side_effects")
 def test_failed_agent_construction_leaves_nothing_behind(
-    tmp_path: Path, marker_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    marker_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     tmp = tmp_path / "t"
     tmp.mkdir()
@@ -73,8 +76,12 @@ def test_failed_agent_construction_leaves_nothing_behind(
         "--no-gpu-health-check",
         *(str(WORKER), "--marker-dir", str(marker_dir)),
     ]
-    with pytest.raises(RuntimeError, match="rejects its arguments"):
-        main(argv)
+    with caplog.at_level(logging.ERROR, logger="resiliency.launcher.launch"):
+        code = main(argv)
+
+    # Reported like any launcher error: exit code 1, the cause in the log.
+    assert code == 1
+    assert "launcher_error): RuntimeError: the agent rejects its arguments" in caplog.text
 
     assert [d.parent for d in socket_dirs] == [tmp]
     # The monitors' 0700 socket directory and the exit-info directory are gone (torch's own

@@ -118,3 +118,45 @@ def test_a_worker_exception_gives_torchruns_failure_report_and_error_file(launch
     assert "injected failure in rank 1" in log  # the worker's traceback, from its error file
     copied = json.loads(error_file.read_text())  # the worker's error, copied by @record
     assert "injected failure in rank 1" in json.dumps(copied)
+
+
+def _events(log: str) -> list[dict]:
+    """torch's elastic events, as its "console" event handler writes them (one JSON a line)."""
+    events = []
+    for line in log.splitlines():
+        start = line.find('{"name": "torchelastic.')
+        if start >= 0:
+            events.append(json.loads(line[start:]))
+    return events
+
+
+def test_torchs_launcher_path_records_its_agent_and_worker_events(launch, marker_dir: Path):
+    # torch's launch_agent records the agent's own event (source AGENT) once agent.run() returns;
+    # a launcher re-implementing launch_agent records only the workers'.
+    launcher = launch(
+        ["--event-log-handler", "console", *_args("ok", marker_dir, restarts=0)],
+    )
+    assert launcher.wait(60) == 0, launcher.log()
+    events = _events(launcher.log())
+    agent = [e["name"] for e in events if e["source"] == "AGENT"]
+    workers = [e for e in events if e["source"] == "WORKER"]
+    assert "torchelastic.worker.status.RENDEZVOUS" in agent, agent
+    assert agent[-1] == "torchelastic.worker.status.SUCCEEDED", agent
+    finals = {e["metadata"]["global_rank"]: e["name"] for e in workers}  # the last per rank
+    assert finals == {r: "torchelastic.worker.status.SUCCEEDED" for r in (0, 1)}, events
+
+
+def test_a_failed_run_records_the_agents_event_and_the_failed_worker(launch, marker_dir: Path):
+    launcher = launch(
+        ["--event-log-handler", "console", *_args("crash", marker_dir, restarts=0)],
+    )
+    assert launcher.wait(60) == 1, launcher.log()
+    events = _events(launcher.log())
+    # agent.run() itself succeeded (it reported the failure): torch records SUCCEEDED for the
+    # agent, FAILED for the worker that crashed, then raises ChildFailedError.
+    agent = [e["name"] for e in events if e["source"] == "AGENT"]
+    assert agent[-1] == "torchelastic.worker.status.SUCCEEDED", agent
+    failed = [e for e in events if e["source"] == "WORKER" and e["name"].endswith("FAILED")]
+    # The crashed rank (rank 0, stopped by the agent, may be reported too).
+    assert 1 in {e["metadata"]["global_rank"] for e in failed}, events
+    assert "ChildFailedError" in launcher.log()

@@ -20,25 +20,32 @@ The private pieces this module wraps, each verified against the torch versions i
   process handles (exit codes after a shutdown).
 * ``LocalElasticAgent._shutdown`` / ``_stop_workers``: their parameters changed across versions
   (``timeout``, ``is_restart``); overrides accept all, calls pass what this torch takes.
+* ``torch.distributed.launcher.api.LocalElasticAgent``: the name ``launch_agent`` builds its
+  agent from; :func:`run_launch_agent` points it at the launcher's agent for the one call, so
+  torch's launcher path runs as under torchrun (``launch_agent(config, entrypoint, args)``
+  checked by ``inspect.signature``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import re
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.launcher import api as launcher_api
+from torch.distributed.launcher.api import LaunchConfig
 
 from resiliency.launcher.errors import TorchVersionError
 
-__all__ = ["MIN_TORCH", "TESTED_TORCH", "CompatAgent", "check_torch_version", "make_worker_spec"]
+__all__ = ["MIN_TORCH", "TESTED_TORCH", "CompatAgent", "check_torch_version", "run_launch_agent"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,25 +122,55 @@ def check_torch_version() -> tuple[int, int]:
     return version
 
 
-def make_worker_spec(**fields: Any) -> WorkerSpec:
-    """Build a ``WorkerSpec`` from the fields this torch version knows.
+# torch's launch_agent builds the agent by calling this module global by keyword.
+_AGENT_GLOBAL = "LocalElasticAgent"
+_LAUNCH_PARAMS = ("config", "entrypoint", "args")
+_launch_lock = threading.Lock()
 
-    Newer torch versions added fields (numa_options, duplicate_*_filters, virtual_local_rank);
-    a field this version lacks is dropped, with a warning when it was set to a non-default value.
+
+def run_launch_agent(
+    config: LaunchConfig,
+    entrypoint: Any,
+    args: list[Any],
+    make_agent: Callable[..., LocalElasticAgent],
+) -> dict[int, Any]:
+    """Run torch's own ``launch_agent`` with the agent ``make_agent`` builds.
+
+    torch's launcher path (its rendezvous set-up, health-check server, metrics, events,
+    ``ChildFailedError`` for ``@record`` and the closing of the rendezvous) runs unchanged; the
+    only substitution is the agent class, which ``launch_agent`` takes from its module and
+    has no parameter for.
 
     Args:
-        **fields: WorkerSpec fields.
+        config: torch's launch configuration (``torch.distributed.run.config_from_args``).
+        entrypoint: the command or function the workers run.
+        args: its arguments.
+        make_agent: called with ``launch_agent``'s keyword arguments for ``LocalElasticAgent``
+            (``spec``, ``logs_specs``, ...); returns the agent to run.
 
     Returns:
-        The spec.
+        The workers' return values, as ``launch_agent`` returns them.
+
+    Raises:
+        TorchVersionError: this torch's ``launch_agent`` is not the one ft-launcher extends.
+        ChildFailedError: the workers failed (raised by torch, as under torchrun).
     """
-    known = {f.name for f in dataclasses.fields(WorkerSpec)}
-    for name in sorted(set(fields) - known):
-        if fields[name] not in (None, False, [], ()):
-            logger.warning(
-                "torch %s ignores the option %s=%r", torch.__version__, name, fields[name]
-            )
-    return WorkerSpec(**{k: v for k, v in fields.items() if k in known})
+    params = tuple(inspect.signature(launcher_api.launch_agent).parameters)
+    if params[: len(_LAUNCH_PARAMS)] != _LAUNCH_PARAMS or not isinstance(
+        getattr(launcher_api, _AGENT_GLOBAL, None), type
+    ):
+        raise TorchVersionError(
+            f"torch {torch.__version__}'s launch_agent{params} no longer builds its agent from "
+            f"{launcher_api.__name__}.{_AGENT_GLOBAL}; install a torch version ft-launcher was "
+            f"tested with ({', '.join(f'{a}.{b}' for a, b in TESTED_TORCH)})"
+        )
+    with _launch_lock:  # the substitution is process-wide: one launch at a time
+        original = getattr(launcher_api, _AGENT_GLOBAL)
+        setattr(launcher_api, _AGENT_GLOBAL, make_agent)
+        try:
+            return launcher_api.launch_agent(config, entrypoint, args)
+        finally:
+            setattr(launcher_api, _AGENT_GLOBAL, original)
 
 
 class CompatAgent(LocalElasticAgent):

@@ -329,7 +329,7 @@ class FtElasticAgent(CompatAgent):
             if self._shared is not None:
                 self._shared.publish_left()
             self._stop_workers(self.worker_group)
-            return stopped_result()
+            return stopped_result(self.worker_group)
         finally:
             if self._health is not None:
                 self._health.stop()

@@ -58,7 +58,7 @@ def exit_barrier(shared: SharedRoundState, timeout: float) -> None:
         "exit barrier: all %d node(s) done after %.2f s", shared.world, time.monotonic() - start
     )
     # Read, not the watcher's copy: a node may have stood by an instant ago.
-    standby = shared.read().standby
+    standby = shared.standby_count()
     if standby:
         shared.publish_done()
         try:
@@ -99,7 +99,7 @@ def stand_by(agent: FtElasticAgent, result: RunResult) -> RunResult | None:
                 "this node's workers failed; the job finished on the healthy nodes",
             )
             logger.warning("%s", agent.outcome.detail)
-            return stopped_result()
+            return stopped_result(group)
         healthy = (group.group_world_size or 1) - state.standby - state.left
         if healthy < settings.min_nodes:
             if agent.remaining_restarts <= 0:

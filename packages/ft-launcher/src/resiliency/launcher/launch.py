@@ -7,21 +7,18 @@ import json
 import logging
 import os
 import signal
-import sys
 import uuid
 from types import FrameType
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
-from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous import RendezvousClosedError
 from torch.distributed.run import config_from_args as torchrun_config_from_args
 from torch.distributed.run import parse_min_max_nnodes
 
 from resiliency.ft import FaultToleranceConfig
-from resiliency.launcher._torch_compat import make_worker_spec
+from resiliency.launcher._torch_compat import run_launch_agent
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
@@ -36,7 +33,7 @@ from resiliency.launcher.options import LauncherOptions
 from resiliency.launcher.policy import policy_from_name
 from resiliency.launcher.preemption import Preemption, clean_up, is_preempted
 from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
-from resiliency.launcher.supervision import start_supervision
+from resiliency.launcher.supervision import Supervision, start_supervision
 
 __all__ = ["build_health_checks", "launch"]
 
@@ -120,131 +117,107 @@ def launch(
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = args.signals_to_handle
     config, entrypoint, entry_args = torchrun_config_from_args(args)
-    term_timeout = options.term_timeout
-    if term_timeout is None:
-        term_timeout = float(config.shutdown_timeout or 30)
-
-    params = RendezvousParameters(
-        backend=config.rdzv_backend,
-        endpoint=config.rdzv_endpoint,
-        run_id=config.run_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        local_addr=config.local_addr,
-        **config.rdzv_configs,
-    )
-    rdzv_handler = FreshStoreRendezvousHandler(
-        rdzv_registry.get_rendezvous_handler(params), config.local_addr
-    )
-    spec = make_worker_spec(
-        role=config.role,
-        local_world_size=config.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(entry_args),
-        rdzv_handler=rdzv_handler,
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval,
-        local_addr=config.local_addr,
-        event_log_handler=config.event_log_handler,
-        numa_options=getattr(config, "numa_options", None),
-        duplicate_stdout_filters=getattr(config, "duplicate_stdout_filters", None),
-        duplicate_stderr_filters=getattr(config, "duplicate_stderr_filters", None),
-        virtual_local_rank=getattr(config, "virtual_local_rank", False),
-    )
+    if options.term_timeout is not None:
+        config.shutdown_timeout = options.term_timeout  # type: ignore[assignment]
+    term_timeout = float(config.shutdown_timeout or 30)
     preemption = Preemption(term_timeout)
-    monitors = MonitorSet(ft_cfg, config.nproc_per_node)
     try:
-        agent = FtElasticAgent(
-            spec,
-            config.logs_specs,
-            monitors=monitors,
-            settings=AgentSettings(
-                ft_cfg=ft_cfg,
-                policy=policy_from_name(options.restart_policy),
-                min_nodes=config.min_nodes,
-                workers_stop_timeout=options.workers_stop_timeout,
-                health_checks=health_checks,
-                finished_flag_file=options.finished_flag_file,
-                preemption=preemption,
-            ),
-            start_method=config.start_method,
-            log_line_prefix_template=config.log_line_prefix_template,
-            shutdown_timeout=term_timeout,
-        )
-        agent.goodput = goodput
+        monitors = MonitorSet(ft_cfg, config.nproc_per_node)
     except BaseException:
-        # The try/finally below cleans up only once the agent exists; until then nothing else
-        # would stop the monitors or remove their 0700 socket directory and the exit-info one.
-        monitors.stop_all()
         clean_up(preemption)
         raise
-    logger.info(
-        "ft-launcher: %d worker(s) on this node, nnodes %d:%d, rendezvous %s at %s, "
-        "restart policy %s, max restarts %d, monitor sockets in %s",
-        config.nproc_per_node,
-        config.min_nodes,
-        config.max_nodes,
-        config.rdzv_backend,
-        config.rdzv_endpoint,
-        options.restart_policy,
-        config.max_restarts,
-        monitors.directory,
+    settings = AgentSettings(
+        ft_cfg=ft_cfg,
+        policy=policy_from_name(options.restart_policy),
+        min_nodes=config.min_nodes,
+        workers_stop_timeout=options.workers_stop_timeout,
+        health_checks=health_checks,
+        finished_flag_file=options.finished_flag_file,
+        preemption=preemption,
     )
+    built: list[FtElasticAgent] = []
+    supervision: list[Supervision] = []
 
-    close_rendezvous = True
-    supervision = None
-    result: RunResult | None = None
+    def make_agent(*, spec: Any, logs_specs: Any, **agent_kwargs: Any) -> FtElasticAgent:
+        """Called by torch's launch_agent where it would build its LocalElasticAgent."""
+        handler = FreshStoreRendezvousHandler(spec.rdzv_handler, config.local_addr)
+        spec.rdzv_handler = handler
+        agent = FtElasticAgent(
+            spec, logs_specs, monitors=monitors, settings=settings, **agent_kwargs
+        )
+        agent.goodput = goodput
+        handler.keep_open = agent.leaves_rendezvous_open
+        built.append(agent)
+        if (started := start_supervision(args, agent, monitors)) is not None:
+            supervision.append(started)  # --supervisor / --status-port
+        logger.info(
+            "ft-launcher: %d worker(s) on this node, nnodes %d:%d, rendezvous %s at %s, "
+            "restart policy %s, max restarts %d, monitor sockets in %s",
+            config.nproc_per_node,
+            config.min_nodes,
+            config.max_nodes,
+            config.rdzv_backend,
+            config.rdzv_endpoint,
+            options.restart_policy,
+            config.max_restarts,
+            monitors.directory,
+        )
+        return agent
+
+    workers_failed: ChildFailedError | None = None
     try:
-        supervision = start_supervision(args, agent, monitors)  # --supervisor / --status-port
-        result = agent.run()
-        outcome = agent.outcome or _outcome_without_verdict(agent)
+        # torch's own launcher path, as torchrun runs it: rendezvous, health-check server,
+        # metrics, events, ChildFailedError for @record, and closing the rendezvous at the end.
+        run_launch_agent(config, entrypoint, entry_args, make_agent)
+        outcome = _outcome(built, None)
+    except ChildFailedError as exc:
+        workers_failed = exc
+        outcome = _outcome(built, exc)
     except SignalException as exc:
         _install_signal_handlers(args.signals_to_handle, _ignore_further_signals)
-        close_rendezvous = False  # like torchrun: a signalled node must not end the job for all
-        outcome = _outcome_after_signal(agent, exc.sigval)
+        outcome = _outcome_after_signal(built, exc.sigval)
     except RendezvousClosedError:
-        outcome = _outcome_without_verdict(agent)
+        outcome = _outcome_without_verdict(built)
     except Exception as exc:
-        if is_preempted(preemption, agent):  # e.g. the node hosting the store left first
+        if built and is_preempted(preemption, built[0]):  # e.g. the store's host left first
             logger.warning("after the workers' emergency checkpoint: %r", exc)
         else:
             logger.exception("ft-launcher failed")
         outcome = Outcome(ExitCode.FAILURE, "launcher_error", f"{type(exc).__name__}: {exc}")
     finally:
         _install_signal_handlers(args.signals_to_handle, _ignore_further_signals)
-        if supervision is not None:
-            supervision.stop()
+        for running in supervision:
+            running.stop()
         monitors.stop_all()
-    if close_rendezvous and not agent.leaves_rendezvous_open():
-        try:
-            rdzv_handler.shutdown()
-        except Exception:  # the store host may be gone already; nothing left to close
-            logger.warning("closing the rendezvous failed", exc_info=True)
-    if outcome.exit_code != ExitCode.PREEMPTED and (detail := is_preempted(preemption, agent)):
-        outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. after a forwarded SIGTERM
+    agent = built[0] if built else None
+    if (
+        agent is not None
+        and outcome.exit_code != ExitCode.PREEMPTED
+        and (detail := is_preempted(preemption, agent))
+    ):
+        outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. a forwarded SIGTERM
     _report(agent, outcome, options.exit_status_file, preemption.status_fields())
     goodput.job_ended(int(outcome.exit_code), outcome.reason)
     clean_up(preemption)
-    if outcome.reason == "restarts_exhausted" and result is not None and result.failures:
+    if outcome.reason == "restarts_exhausted" and workers_failed is not None:
         # As torchrun: the failure table with the root cause (and, under @record, the failed
         # worker's error file copied to this launcher's), exit code 1.
-        raise ChildFailedError(
-            name=_entrypoint_name(entrypoint, entry_args), failures=result.failures
-        )
+        raise workers_failed
     return int(outcome.exit_code)
 
 
-def _entrypoint_name(entrypoint: Any, args: list[str]) -> str:
-    """The script's name as torchrun shows it: the first non-option argument of the Python
-    interpreter, else the entrypoint itself."""
-    if entrypoint == sys.executable:
-        return next((arg for arg in args if not arg.startswith("-")), "")
-    return str(entrypoint)
+def _outcome(built: list[FtElasticAgent], failed: ChildFailedError | None) -> Outcome:
+    """How the run ended, from the agent's verdict (or torch's failure report without one)."""
+    if built and built[0].outcome is not None:
+        return built[0].outcome
+    if failed is not None:
+        return Outcome(ExitCode.FAILURE, "workers_failed", str(failed).strip().splitlines()[0])
+    return _outcome_without_verdict(built)
 
 
-def _outcome_without_verdict(agent: FtElasticAgent) -> Outcome:
+def _outcome_without_verdict(built: list[FtElasticAgent]) -> Outcome:
     """The agent stopped without deciding (rendezvous closed by another node)."""
-    shared = agent._shared
+    shared = built[0]._shared if built else None
     if shared is not None:
         try:
             request = shared.read().shutdown
@@ -260,8 +233,8 @@ def _outcome_without_verdict(agent: FtElasticAgent) -> Outcome:
     return Outcome(ExitCode.FAILURE, "rendezvous_closed", "the rendezvous was closed")
 
 
-def _outcome_after_signal(agent: FtElasticAgent, sig: signal.Signals) -> Outcome:
-    codes = agent.worker_returncodes()
+def _outcome_after_signal(built: list[FtElasticAgent], sig: signal.Signals) -> Outcome:
+    codes = built[0].worker_returncodes() if built else {}
     clean = bool(codes) and all(code == 0 for code in codes.values())
     detail = f"got {sig.name}; forwarded it to the workers; worker exit codes: " + (
         ", ".join(f"local rank {lr}: {c}" for lr, c in sorted(codes.items())) or "none started"
@@ -274,8 +247,10 @@ def _outcome_after_signal(agent: FtElasticAgent, sig: signal.Signals) -> Outcome
 
 
 def _report(
-    agent: FtElasticAgent, outcome: Outcome, status_file: str | None, extra: dict[str, Any]
+    agent: FtElasticAgent | None, outcome: Outcome, status_file: str | None, extra: dict[str, Any]
 ) -> None:
+    restarts = agent.restarts_done if agent is not None else 0
+    hangs = agent.hangs_detected if agent is not None else 0
     level = logging.INFO if outcome.exit_code == 0 else logging.ERROR
     logger.log(
         level,
@@ -283,18 +258,18 @@ def _report(
         outcome.exit_code,
         outcome.reason,
         outcome.detail,
-        agent.restarts_done,
-        agent.hangs_detected,
+        restarts,
+        hangs,
     )
     if status_file:
         status = {
             "exit_code": int(outcome.exit_code),
             "reason": outcome.reason,
             "detail": outcome.detail,
-            "restarts": agent.restarts_done,
-            "hangs_detected": agent.hangs_detected,
-            "failures": agent.attempt_causes,
-            "hang_verdicts": agent.verdicts,
+            "restarts": restarts,
+            "hangs_detected": hangs,
+            "failures": agent.attempt_causes if agent is not None else [],
+            "hang_verdicts": agent.verdicts if agent is not None else [],
             **extra,
         }
         tmp = f"{status_file}.tmp"

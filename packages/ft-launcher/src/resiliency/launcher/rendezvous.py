@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 
 from torch.distributed import PrefixStore, Store
 from torch.distributed.elastic.rendezvous import (
@@ -45,6 +46,9 @@ class FreshStoreRendezvousHandler(RendezvousHandler):
         self._local_addr = local_addr
         self.attempt = 0
         self.round_store: Store | None = None
+        #: Asked when torch's launcher closes the rendezvous at the end: a node that left on
+        #: its own (excluded, unhealthy, on standby) must not end the job for the others.
+        self.keep_open: Callable[[], bool] = lambda: False
 
     def get_backend(self) -> str:
         """See :class:`RendezvousHandler`."""
@@ -91,5 +95,12 @@ class FreshStoreRendezvousHandler(RendezvousHandler):
         return self._inner.get_run_id()
 
     def shutdown(self) -> bool:
-        """See :class:`RendezvousHandler`."""
-        return self._inner.shutdown()
+        """Close the rendezvous for every node, unless this node left it on its own."""
+        if self.keep_open():
+            logger.info("this node left on its own: the rendezvous stays open for the others")
+            return False
+        try:
+            return self._inner.shutdown()
+        except Exception:  # the store's host may be gone already; nothing left to close
+            logger.warning("closing the rendezvous failed", exc_info=True)
+            return False

@@ -118,13 +118,15 @@ class SharedRoundState:
 
     def publish_standby(self) -> None:
         """This node steps aside (min-healthy) and waits outside the group."""
-        self._count_done()  # it will not reach the exit barrier: count it now
+        # Counted as standing by before it counts as done: a node the exit barrier releases
+        # must see it, to release it in turn.
         self._bump(_STANDBY)
+        self._count_done()  # it will not reach the exit barrier: count it now
 
     def publish_left(self) -> None:
         """This node leaves the job for good."""
-        self._count_done()
         self._bump(_LEFT)
+        self._count_done()
 
     def publish_shutdown(self, rank: int | None, desc: str) -> None:
         """A rank of this node asked for ShutdownWorkload: every node must stop."""
@@ -152,6 +154,10 @@ class SharedRoundState:
             shutdown=shutdown,
             done=bool(self.store.check([_DONE])),
         )
+
+    def standby_count(self) -> int:
+        """Read how many nodes stand by (one operation)."""
+        return int(self.store.add(_STANDBY, 0))
 
     # --- acknowledgements -----------------------------------------------------------------------
     def ack_shutdown(self) -> None:

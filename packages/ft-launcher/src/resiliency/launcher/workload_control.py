@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
 from resiliency.launcher.agent_settings import Outcome
 from resiliency.launcher.exit_codes import ExitCode
@@ -19,9 +19,14 @@ __all__ = ["exclude_this_node", "follow_shutdown", "shutdown_workload", "stopped
 logger = logging.getLogger(__name__)
 
 
-def stopped_result() -> RunResult:
-    """The result for workers the agent stopped on purpose (torch records them TERMINATED)."""
-    return RunResult(state=WorkerState.FAILED)
+def stopped_result(group: WorkerGroup) -> RunResult:
+    """The result for workers the agent stopped on purpose: not a failure for torch's
+    ``launch_agent`` (which raises ``ChildFailedError`` for failed workers only), and torch
+    records each worker as STOPPED; the agent's
+    :attr:`~resiliency.launcher.agent.FtElasticAgent.outcome` says how the job ended."""
+    return RunResult(
+        state=WorkerState.STOPPED, return_values={w.global_rank: None for w in group.workers}
+    )
 
 
 def shutdown_workload(agent: FtElasticAgent) -> RunResult:
@@ -47,7 +52,7 @@ def shutdown_workload(agent: FtElasticAgent) -> RunResult:
         except StoreWaitTimeoutError as exc:
             logger.warning("not every node acknowledged the shutdown: %s", exc)
     agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
-    return stopped_result()
+    return stopped_result(agent.worker_group)
 
 
 def follow_shutdown(agent: FtElasticAgent, request: dict[str, Any]) -> RunResult:
@@ -61,7 +66,7 @@ def follow_shutdown(agent: FtElasticAgent, request: dict[str, Any]) -> RunResult
     if agent._shared is not None:
         agent._shared.ack_shutdown()
     agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
-    return stopped_result()
+    return stopped_result(agent.worker_group)
 
 
 def exclude_this_node(agent: FtElasticAgent) -> RunResult:
@@ -74,4 +79,4 @@ def exclude_this_node(agent: FtElasticAgent) -> RunResult:
         agent._shared.publish_left()
     agent._stop_workers(agent.worker_group)
     agent.outcome = Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail)
-    return stopped_result()
+    return stopped_result(agent.worker_group)
