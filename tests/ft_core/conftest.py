@@ -77,6 +77,14 @@ class Monitor:
                 )
             self.events.extend(self.proc.poll_events(min(left, 0.5)))
 
+    def wait_exited(self, timeout: float = 10.0) -> None:
+        """Wait until the monitor process is gone (after a kill); fail naming it otherwise."""
+        deadline = time.monotonic() + timeout
+        while self.proc.is_alive():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"monitor pid {self.proc.pid} still alive after {timeout} s")
+            time.sleep(0.01)
+
     def drain(self, duration: float) -> list[MonitorEvent]:
         """Collect events for ``duration`` seconds; return all events seen so far."""
         deadline = time.monotonic() + duration
@@ -129,6 +137,29 @@ class Rank:
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
+
+    def wait_for(self, what: str, ready: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Poll ``ready`` until true; fail naming ``what`` if the rank exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"rank pid {self.pid} exited ({self.popen.returncode}) before {what}; "
+                    f"output:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"rank pid {self.pid}: no {what} within {timeout} s; output:\n{self.output()}"
+                )
+            time.sleep(0.02)
+
+    def wait_for_file(self, path: Path, timeout: float = 30.0) -> None:
+        """Wait for a marker file the rank creates."""
+        self.wait_for(f"marker file {path.name}", path.exists, timeout)
+
+    def wait_for_output(self, text: str, timeout: float = 30.0) -> None:
+        """Wait for ``text`` in the rank's captured output (printed with flush=True)."""
+        self.wait_for(f"{text!r} in its output", lambda: text in self.output(), timeout)
 
     def wait(self, timeout: float = 15.0) -> int:
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 
 import pytest
 
@@ -71,13 +70,9 @@ def test_dead_monitor_is_reported_once_and_the_rank_keeps_going(
         """,
         monitor,
     )
-    deadline = time.monotonic() + 15
-    while not ready.exists():
-        assert time.monotonic() < deadline and rank.popen.poll() is None, rank.output()
-        time.sleep(0.02)
+    rank.wait_for_file(ready)
     os.kill(monitor.proc.pid, signal.SIGKILL)
-    while monitor.proc.is_alive():
-        time.sleep(0.01)
+    monitor.wait_exited()
     ready.unlink()
     assert rank.wait() == 0, rank.output()
     out = rank.output()
@@ -117,17 +112,11 @@ def test_hot_path_never_blocks_on_a_stalled_monitor(start_monitor, spawn_rank, t
         """,
         monitor,
     )
-    deadline = time.monotonic() + 15
-    while not ready.exists():
-        assert time.monotonic() < deadline and rank.popen.poll() is None, rank.output()
-        time.sleep(0.02)
+    rank.wait_for_file(ready)
     os.kill(monitor.proc.pid, signal.SIGSTOP)
     try:
         ready.unlink()
-        done = tmp_path / "ready.done"
-        while not done.exists():
-            assert time.monotonic() < deadline + 15, rank.output()
-            time.sleep(0.02)
+        rank.wait_for_file(tmp_path / "ready.done")
     finally:
         os.kill(monitor.proc.pid, signal.SIGCONT)
     assert rank.wait(20) == 0, rank.output()

@@ -145,14 +145,15 @@ def test_stack_dump_on_request_leaves_the_worker_running(start_monitor, spawn_ra
         rank=2,
     )
     monitor.wait_event("rank_connected", pid=rank.pid)
-    deadline = time.monotonic() + 10
-    while "ready" not in rank.output() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    rank.wait_for_output("ready")
     monitor.proc.request_stack_dump()
     event = monitor.wait_event("stacks", pid=rank.pid)
     assert event.rank == 2 and event.stack_dump is not None
     assert "waiting_for_the_slow_peer" in event.stack_dump
-    time.sleep(0.5)
+    # Waiting for something not to happen: a kill mistakenly chained to the dump would follow it
+    # at once, so two of the monitor's 1 s check intervals are ample to see it.
+    events = monitor.drain(2.0)
+    assert not any(e.kind in ("hang", "killed") for e in events), monitor.log()
     assert rank.popen.poll() is None, "a requested dump must not stop the worker"
     assert "hung" not in monitor.log()
 

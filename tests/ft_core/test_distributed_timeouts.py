@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import time
 
 import pytest
 
@@ -95,13 +94,9 @@ def test_a_rank_whose_monitor_fails_leaves_no_rank_in_a_collective(
     monitors = [start_monitor(local_rank=i) for i in range(2)]
     ranks = [spawn_rank(FAILING_RANK_CODE, monitors[i], rank=i, env=env) for i in range(2)]
     flag = tmp_path / "kill-monitor-1"
-    deadline = time.monotonic() + 60
-    while not flag.exists():
-        assert time.monotonic() < deadline, ranks[1].output()
-        time.sleep(0.02)
+    ranks[1].wait_for_file(flag, timeout=60)
     os.kill(monitors[1].proc.pid, signal.SIGKILL)
-    while monitors[1].proc.is_alive():
-        time.sleep(0.01)
+    monitors[1].wait_exited()
     flag.unlink()
     for rank in ranks:  # well within the 60 s collective timeout: nobody waits in a collective
         assert rank.wait(30) == 0, rank.output()
