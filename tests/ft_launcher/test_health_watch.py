@@ -71,6 +71,8 @@ def test_a_check_that_overruns_fails_and_is_not_started_twice() -> None:
         _until(lambda: bool(watch.failures()), 15, "the overrun")
         (failure,) = watch.failures()
         assert "did not finish within its 5 s deadline" in failure.detail
+        # Waiting for something not to happen: at a 0.01 s interval, 0.3 s is 30 chances for
+        # the watch to start the stuck check a second time.
         time.sleep(0.3)
         assert check.calls == 1
     finally:
@@ -101,12 +103,16 @@ def test_stop_ends_the_threads() -> None:
 
 def test_stop_kills_a_command_still_running(tmp_path) -> None:
     pid_file = tmp_path / "pid"
-    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    # Written aside and renamed, so the test never reads a half-written pid.
+    code = (
+        f"import os, time; open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(60)"
+    )
     check = CommandHealthCheck(f"{sys.executable} -c {shlex.quote(code)}", timeout=120.0)
     watch = HealthWatch([check], interval_s=0.01)
     watch.start()
     try:
-        _until(lambda: pid_file.exists() and pid_file.read_text() != "", 30, "the command to start")
+        _until(pid_file.exists, 30, "the command to start and write its pid")
         pid = int(pid_file.read_text())
     finally:
         watch.stop()

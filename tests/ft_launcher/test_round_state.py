@@ -119,8 +119,13 @@ def test_a_node_standing_by_completes_the_exit_barrier(store: _Stores) -> None:
     standby = _node(store, 2, 1)
     thread = threading.Thread(target=finish)
     thread.start()
-    time.sleep(0.3)
-    assert not done.is_set()
+    assert store.round is not None
+    deadline = time.monotonic() + 30
+    while store.round.add("ft/exit_count", 0) < 1:  # the finisher's arrival at the barrier
+        assert time.monotonic() < deadline, "the finisher never arrived at the exit barrier"
+        time.sleep(0.01)
+    # One of two nodes arrived: a barrier that let it go would do so at once.
+    assert not done.wait(0.3), "the exit barrier released before the second node came"
     standby.publish_standby()  # completes the count after the finisher already waits
     watcher = RoundWatcher(standby).start()
     try:

@@ -18,8 +18,7 @@ def _dump(where: str) -> str:
             faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
         def data_loader():
             faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
-        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
-        time.sleep(0.05)
+        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()  # started on return
         {where}()
         """
     )

@@ -20,21 +20,25 @@ from resiliency.launcher.agent import FtElasticAgent
 from resiliency.launcher.worker_groups import WorkerProcessGroups
 
 # A "worker" that leads its own session, starts a child in its group, writes the child's pid
-# and exits: the child is the leftover. ``ignore`` makes the child ignore SIGTERM.
+# and exits: the child is the leftover. ``ignore`` makes the child ignore SIGTERM. Markers are
+# written aside and renamed, so one that exists is complete.
 _WORKER = """
 import os, signal, subprocess, sys
-code = "import signal, sys, time\\n"
+code = "import os, signal, sys, time\\n"
 if sys.argv[2] == "ignore":
     code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
-code += "open(sys.argv[1], 'w').write('up')\\ntime.sleep(120)\\n"
+code += "open(sys.argv[1] + '.tmp', 'w').write('up')\\n"
+code += "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\\n"
+code += "time.sleep(120)\\n"
 child = subprocess.Popen([sys.executable, "-c", code, sys.argv[1] + ".ready"])
-open(sys.argv[1], "w").write(str(child.pid))
+open(sys.argv[1] + ".tmp", "w").write(str(child.pid))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 """
 
 
 def _wait_for(path: Path, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
+    while not path.exists():
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} was not written within {timeout} s")
         time.sleep(0.02)

@@ -3,7 +3,8 @@
 Every behaviour is chosen on the command line; a fault fires only on --fault-rank and only when
 TORCHELASTIC_RESTART_COUNT equals --fault-attempt, so the restarted group runs clean.
 Marker files under --marker-dir record what happened: start-<rank>-<attempt>-<pid>,
-done-<rank>-<attempt>, sigterm-<rank>-<attempt>, child-<pid>.
+done-<rank>-<attempt>, sigterm-<rank>-<attempt>, armed-<rank>-<attempt> (SIGTERM handler set),
+hang-<rank>-<attempt>, child-<pid>.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def mark(directory: Path, name: str) -> None:
-    (directory / name).write_text(f"{time.time()}\n")
+    # Written aside and renamed: a test that sees the name may read the content at once.
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text(f"{time.time()}\n")
+    os.replace(tmp, directory / name)
 
 
 def main() -> int:
@@ -57,7 +61,9 @@ def main() -> int:
             sys.exit(0)
 
         signal.signal(signal.SIGTERM, _exit)
-    elif args.mode == "child_ignores_sigterm":
+    if args.mode in ("ignore_sigterm", "exit_on_sigterm"):
+        mark(marker, f"armed-{RANK}-{ATTEMPT}")  # the SIGTERM handler is in place
+    if args.mode == "child_ignores_sigterm":
         # Like a data-loader worker that ignores SIGTERM: must not outlive the launcher.
         code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
         child = subprocess.Popen([sys.executable, "-c", code])
