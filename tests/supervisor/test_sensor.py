@@ -67,7 +67,10 @@ def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_ur
         backend, "n1", probe(), interval=0.3, gpu=False, ledger_dir="", on_intent=got.append
     )
     sensor.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 10
+    while sensor.latest is None:
+        assert time.monotonic() < deadline, "the sensor published no first document"
+        time.sleep(0.05)
     controller_side = backend_from_url(backend_url)
     intent = write_intent(controller_side, "n1", "restart", "test", "because", {"x": 1})
     assert intent is not None and intent.id == 1
@@ -77,7 +80,7 @@ def test_sensor_publishes_one_write_per_interval_and_receives_intents(backend_ur
         time.sleep(0.05)
     assert got[0].action == "restart" and got[0].evidence == {"x": 1}
     before, seq0 = dict(backend.ops), sensor.latest.seq
-    time.sleep(1.5)
+    time.sleep(1.5)  # a steady stretch of five 0.3 s intervals, to count the writes made in it
     sensor.stop(final=False)
     writes = {
         op: n - before.get(op, 0) for op, n in backend.ops.items() if op in ("set", "put", "append")

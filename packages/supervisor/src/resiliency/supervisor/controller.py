@@ -95,6 +95,10 @@ class Controller:
         hosts = self._read(self.keys.hosts)
         views = {}
         for node, status in docs.items():
+            previous = self._last.get(node)
+            if previous is None or previous.state != status.state:
+                # Once per change, not per cycle: what the controller last saw of each node.
+                logger.info("node %s: %s (sample %d)", node, status.state, status.seq)
             host = hosts.get(node)
             views[node] = NodeView(
                 status,
