@@ -98,7 +98,7 @@ def test_sigterm_to_one_nodes_launcher(
             return a.log() + b.log()
 
     wait_for_files(tmp_path / "markers", "ready-*", 2, 240, _Logs())
-    time.sleep(delay)
+    time.sleep(delay)  # a seeded random moment of training: no outcome may depend on it
     (a, b)[victim].signal(signal.SIGTERM)
     codes = [a.wait(240), b.wait(240)]
     logs = a.log() + b.log()

@@ -79,7 +79,7 @@ def test_sigterm_to_one_random_rank(tmp_path: Path, seed: int) -> None:
     )
     try:
         wait_for_files(tmp_path / "markers", "ready-*", 2, 240, job)
-        time.sleep(delay)
+        time.sleep(delay)  # a seeded random moment of training: no outcome may depend on it
         job.signal(victim, signal.SIGTERM)
     except BaseException:
         job.kill()
