@@ -48,7 +48,10 @@ def two_nodes(tmp_path: Path, marker_dir: Path):
             "--rdzv-id",
             f"job-{port}",
             "--rdzv-conf",
-            "join_timeout=60,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=2",
+            # With --nnodes 1:2, node A forms a round alone once the last call ends: it must
+            # outlast node B's start (importing torch alone takes 3-6 s on a busy 2-core
+            # machine). A round completes as soon as both joined, so a long one costs nothing.
+            "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=2",
             "--local-addr",
             "127.0.0.1",
             "--max-restarts",
