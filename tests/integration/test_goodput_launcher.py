@@ -113,7 +113,8 @@ def test_report_of_the_hang_and_restart(job: tuple[Path, str]) -> None:
     report = compute(ledger, "auto")
     whole = report.whole
     ideal = report.ideal_step_time_s
-    assert ideal is not None and 0.1 <= ideal < 1.0  # --step-time 0.1 plus the step itself
+    # --step-time 0.1 plus the step itself: expected just over 0.1 s; the bound is 10x that.
+    assert ideal is not None and 0.1 <= ideal < 1.5
 
     # The categories sum to the total (within 1 %).
     assert sum(whole.seconds.values()) == pytest.approx(whole.total, rel=0.01)
