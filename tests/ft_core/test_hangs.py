@@ -214,7 +214,7 @@ def test_launcher_stopping_the_worker_disarms_its_timers(start_monitor, spawn_ra
     rank = spawn_rank("client.send_heartbeat()\ntime.sleep(120)\n", monitor)
     monitor.wait_event("rank_connected", pid=rank.pid)
     monitor.proc.worker_stopped()
-    events = monitor.drain(1.5)
+    events = monitor.drain(1.5)  # waiting for nothing to happen: three 0.5 s heartbeat timeouts
     assert not any(e.kind == "hang" for e in events)
     assert rank.popen.poll() is None
 
