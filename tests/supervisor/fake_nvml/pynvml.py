@@ -50,23 +50,35 @@ def nvmlDeviceGetCount() -> int:
     return int(_state().get("count", 1))
 
 
-def nvmlDeviceGetHandleByIndex(index: int) -> int:
-    return index
+class _Handle:
+    """A device handle: like pynvml's ctypes pointers, two handles of one GPU are not equal
+    (``==`` compares the Python objects), so code must not match an event's device by ``==``."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
-def nvmlDeviceGetTotalEccErrors(handle: int, error_type: int, counter: int) -> int:
-    return int(_state().get("ecc", {}).get(str(handle), 0))
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
+    return _Handle(index)
 
 
-def nvmlDeviceGetCurrentClocksThrottleReasons(handle: int) -> int:
-    return int(_state().get("throttle", {}).get(str(handle), 0))
+def nvmlDeviceGetIndex(handle: _Handle) -> int:
+    return handle.index
+
+
+def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter: int) -> int:
+    return int(_state().get("ecc", {}).get(str(handle.index), 0))
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: _Handle) -> int:
+    return int(_state().get("throttle", {}).get(str(handle.index), 0))
 
 
 def nvmlEventSetCreate() -> object:
     return object()
 
 
-def nvmlDeviceRegisterEvents(handle: int, types: int, event_set: object) -> None:
+def nvmlDeviceRegisterEvents(handle: _Handle, types: int, event_set: object) -> None:
     return None
 
 
@@ -75,7 +87,8 @@ def nvmlEventSetWait(event_set: object, timeout_ms: int) -> SimpleNamespace:
         done = _delivered.get(int(device), 0)
         if done < len(xids):
             _delivered[int(device)] = done + 1
-            return SimpleNamespace(device=int(device), eventData=xids[done])
+            # A new handle object for the device, as NVML's event data carries.
+            return SimpleNamespace(device=_Handle(int(device)), eventData=xids[done])
     raise NVMLError_Timeout("timeout")
 
 

@@ -81,10 +81,13 @@ class GpuWatch:
             del self._xids[index][:-16]
 
     def _index_of(self, handle: Any) -> int:
-        for i, known in enumerate(self._handles):
-            if known == handle:
-                return i
-        return -1
+        # An event's device is a new ctypes pointer object: ``==`` with the handle kept from
+        # nvmlDeviceGetHandleByIndex compares the objects, never the devices. Ask NVML.
+        try:
+            return int(self._nvml.nvmlDeviceGetIndex(handle))
+        except Exception as exc:  # NVMLError: an event of a device that has gone
+            logger.warning("XID event of an unknown GPU (%s); counted as GPU -1", exc)
+            return -1
 
     def _throttle(self, handle: Any) -> list[str]:
         nvml = self._nvml
