@@ -124,9 +124,8 @@ def _figure(out: Path, mode: str, spawned_at: float) -> float | None:
     restarted = [out / f"start-{rank}-1" for rank in (0, 1)]
     if not fault.exists() or not all(p.exists() for p in restarted):
         return None
+    # For a hang, the rank sent its last heartbeat in the same step, just before the fault file.
     t_fault = float(fault.read_text())
-    if mode == "hang":
-        t_fault -= 0.05  # the hung rank's last heartbeat was one step before it wrote the fault
     return max(_started_at(p) for p in restarted) - t_fault
 
 
