@@ -180,19 +180,17 @@ def ft_launcher(session: nox.Session) -> None:
     _pytest(session, "tests/ft_launcher", "tests/compat/test_ft_launcher.py")
 
 
+# resiliency-ptl with its dependencies, and ft-launcher for the end-to-end tests.
+PTL_PACKAGES = tuple(
+    _pkg(name)
+    for name in ("ft-core", "straggler", "goodput", "checkpoint", "ft-launcher", "ptl-resiliency")
+)
+
+
 @nox.session(python=TORCH_PYTHON)
 def ptl(session: nox.Session) -> None:
     """resiliency-ptl with its dependencies (ft-core, straggler, checkpoint, goodput, lightning)."""
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("straggler"),
-        _pkg("goodput"),
-        _pkg("checkpoint"),
-        _pkg("ft-launcher"),
-        _pkg("ptl-resiliency"),
-        *TEST_DEPS,
-    )
+    _install(session, *PTL_PACKAGES, *TEST_DEPS)
     _pytest(session, "tests/ptl_resiliency", "tests/compat/test_ptl.py")
 
 
@@ -220,17 +218,7 @@ def ptl_standalone(session: nox.Session) -> None:
     scripts and the example they load train through ``pytorch_lightning`` instead of
     ``lightning.pytorch`` (tests/ptl_resiliency/lightning_flavour.py). About two minutes.
     """
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("straggler"),
-        _pkg("goodput"),
-        _pkg("checkpoint"),
-        _pkg("ft-launcher"),
-        _pkg("ptl-resiliency"),
-        "pytorch-lightning",
-        *TEST_DEPS,
-    )
+    _install(session, *PTL_PACKAGES, "pytorch-lightning", *TEST_DEPS)
     session.run(
         "pytest",
         *PTL_STANDALONE_TESTS,

@@ -271,6 +271,21 @@ def measure(
     rows: list[dict] = []
     started = time.monotonic()
     joined = n <= max_join
+
+    def row(
+        setup: str, phase: str, interval: float | None, requests: int, sent: int, seconds: float
+    ) -> dict:
+        return {
+            "nodes": n,
+            "rendezvous_joined": joined,
+            "setup": setup,
+            "phase": phase,
+            "monitor_interval": interval,
+            "seconds": round(seconds, 2),
+            "requests_per_node_s": requests / n / seconds,
+            "bytes_per_node_s": sent / n / seconds,
+        }
+
     nodes = _join(n, relay.port, f"bench-{n}", joined)
     how = "rendezvous joined" if joined else "agents built, rendezvous NOT joined (no keep-alives)"
     print(f"N={n}: {how} in {time.monotonic() - started:.1f} s", flush=True)
@@ -279,35 +294,13 @@ def measure(
             for interval in intervals:
                 tag = f"{setup}-{interval}"
                 requests, sent, seconds = _steady(nodes, setup, interval, window, tag, relay)
-                rows.append(
-                    {
-                        "nodes": n,
-                        "rendezvous_joined": joined,
-                        "setup": setup,
-                        "phase": "steady",
-                        "monitor_interval": interval,
-                        "seconds": round(seconds, 2),
-                        "requests_per_node_s": requests / n / seconds,
-                        "bytes_per_node_s": sent / n / seconds,
-                    }
-                )
+                rows.append(row(setup, "steady", interval, requests, sent, seconds))
                 print(_line(rows[-1]), flush=True)
             relay.reset()
             seconds = _barrier(nodes, setup, spread, f"{setup}-barrier")
             requests, sent = relay.counts()
-            rows.append(
-                {
-                    "nodes": n,
-                    "rendezvous_joined": joined,
-                    "setup": setup,
-                    "phase": "exit_barrier",
-                    "monitor_interval": None,
-                    "seconds": round(seconds, 2),
-                    "requests_per_node_s": requests / n / seconds,
-                    "bytes_per_node_s": sent / n / seconds,
-                    "requests_per_node": requests / n,
-                }
-            )
+            rows.append(row(setup, "exit_barrier", None, requests, sent, seconds))
+            rows[-1]["requests_per_node"] = requests / n
             print(_line(rows[-1]), flush=True)
     finally:
         relay.close()

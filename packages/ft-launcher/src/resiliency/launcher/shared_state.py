@@ -160,9 +160,17 @@ class SharedRoundState:
         return int(self.store.add(_STANDBY, 0))
 
     # --- acknowledgements -----------------------------------------------------------------------
+    def _ack(self, prefix: str) -> None:
+        # The i-th acknowledgement sets key prefix + i, so a waiter blocks on keys 1..n.
+        self.store.set(f"{prefix}{int(self.store.add(prefix, 1))}", "1")
+
+    def _wait_acks(self, prefix: str, nodes: int, timeout: float, what: str) -> None:
+        keys = [f"{prefix}{i}" for i in range(1, nodes + 1)]
+        wait_keys(self.store, keys, timeout, f"{nodes} node(s) {what}")
+
     def ack_shutdown(self) -> None:
         """This node saw the shutdown request and stopped its workers."""
-        self.store.set(f"{_SHUTDOWN_ACK}{int(self.store.add(_SHUTDOWN_ACK, 1))}", "1")
+        self._ack(_SHUTDOWN_ACK)
 
     def wait_shutdown_acks(self, nodes: int, timeout: float) -> None:
         """Block until ``nodes`` nodes acknowledged the shutdown request.
@@ -170,12 +178,11 @@ class SharedRoundState:
         Raises:
             StoreWaitTimeoutError: fewer acknowledged within ``timeout`` seconds.
         """
-        keys = [f"{_SHUTDOWN_ACK}{i}" for i in range(1, nodes + 1)]
-        wait_keys(self.store, keys, timeout, f"{nodes} node(s) to acknowledge the shutdown")
+        self._wait_acks(_SHUTDOWN_ACK, nodes, timeout, "to acknowledge the shutdown")
 
     def ack_done(self) -> None:
         """A node on standby saw that the job finished."""
-        self.store.set(f"{_DONE_ACK}{int(self.store.add(_DONE_ACK, 1))}", "1")
+        self._ack(_DONE_ACK)
 
     def wait_done_acks(self, nodes: int, timeout: float) -> None:
         """Block until ``nodes`` nodes on standby saw that the job finished.
@@ -183,8 +190,7 @@ class SharedRoundState:
         Raises:
             StoreWaitTimeoutError: fewer acknowledged within ``timeout`` seconds.
         """
-        keys = [f"{_DONE_ACK}{i}" for i in range(1, nodes + 1)]
-        wait_keys(self.store, keys, timeout, f"{nodes} node(s) on standby to see the job finish")
+        self._wait_acks(_DONE_ACK, nodes, timeout, "on standby to see the job finish")
 
     # --- exit barrier ---------------------------------------------------------------------------
     def _count_done(self) -> None:
