@@ -168,6 +168,18 @@ def lose_node(launcher: Proc, local_dir: Path | None) -> str:
     return f"SIGKILL to {killed} process(es) of launcher pid {launcher.pid}{wiped}"
 
 
+def committed_files(root: Path) -> list[Path]:
+    """The files of committed checkpoints under ``root`` (none while the job has not saved)."""
+    # Hidden names are saves in flight, trash being removed, or disk_full's ballast.
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    ]
+
+
 def tear_newest_file(root: Path, seed: int) -> str:
     """Tear the newest committed checkpoint file under ``root``: truncate it or flip a byte.
 
@@ -177,14 +189,7 @@ def tear_newest_file(root: Path, seed: int) -> str:
     Raises:
         InjectionError: no file under ``root``.
     """
-    # Only committed checkpoints: hidden names are saves in flight or trash being removed.
-    files = [
-        p
-        for p in root.rglob("*")
-        if p.is_file()
-        and not p.is_symlink()
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    ]
+    files = committed_files(root)
     if not files:
         raise InjectionError(f"no committed checkpoint file under {root} to tear")
     newest = max(files, key=lambda p: (p.stat().st_mtime_ns, str(p)))

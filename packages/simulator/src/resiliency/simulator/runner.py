@@ -18,6 +18,7 @@ from resiliency.simulator.errors import InjectionError, SimulatorError
 from resiliency.simulator.injectors import (
     HOOK_ENV,
     SlowDown,
+    committed_files,
     fill_disk,
     inject_into_rank,
     lose_node,
@@ -51,7 +52,8 @@ class RunnerOptions:
         disk_full_hold_s: how long ``disk_full`` keeps the filesystem full.
         goodput_dir: the job's ledger directory, given to the job as ``RESILIENCY_GOODPUT_DIR``.
         env: extra environment for the job.
-        wait_for_workers_s: how long an injection waits for a victim to exist.
+        wait_for_workers_s: how long an injection waits for a victim to exist (a storage
+            fault: for the job's first committed checkpoint).
         stdout: where the launchers' output goes (an open file); None inherits ours.
     """
 
@@ -172,6 +174,19 @@ class JobRunner:
                 )
             time.sleep(0.1)
 
+    def _wait_for_first_checkpoint(self, fault: Fault, root: Path) -> None:
+        # A storage fault due before the job's first save would hit a job that is still
+        # starting (on a loaded machine that takes many seconds) and test nothing: it waits,
+        # as a rank fault waits for its victim to exist.
+        deadline = time.monotonic() + self.options.wait_for_workers_s
+        while not committed_files(root):
+            if time.monotonic() > deadline or not self.running():
+                raise InjectionError(
+                    f"no committed checkpoint under {root} to {fault.kind} after "
+                    f"{self.options.wait_for_workers_s:.0f} s"
+                )
+            time.sleep(0.1)
+
     def inject(self, fault: Fault) -> Injection:
         """Inject one fault now; a failure to inject is recorded, never raised."""
         record = Injection(fault=fault, injected_mono=time.monotonic(), injected_wall=time.time())
@@ -181,6 +196,8 @@ class JobRunner:
             record.error = str(exc)
             logger.warning("fault %s not injected: %s", fault.describe(), exc)
         else:
+            # The injection may have waited for its victim or for a first checkpoint.
+            record.injected_mono, record.injected_wall = time.monotonic(), time.time()
             logger.warning("injected %s into %s: %s", fault.kind, record.victim, record.action)
         return record
 
@@ -205,6 +222,7 @@ class JobRunner:
         if fault.kind in STORAGE_FAULTS:
             if opts.ckpt_dir is None:
                 raise InjectionError(f"{fault.kind} needs --ckpt-dir")
+            self._wait_for_first_checkpoint(fault, opts.ckpt_dir)
             if fault.kind == "torn_checkpoint":
                 return str(opts.ckpt_dir), tear_newest_file(opts.ckpt_dir, fault.seed)
             return str(opts.ckpt_dir), fill_disk(opts.ckpt_dir, opts.disk_full_hold_s)

@@ -1,0 +1,58 @@
+"""JobRunner's timing of storage faults, on a stand-in job that writes one checkpoint file late."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from resiliency.simulator import Fault, FaultPlan, Injection, JobRunner, RunnerOptions
+
+# Saves its one "checkpoint" after a delay, as a job that is slow to start does, then idles.
+LATE_SAVER = """
+import pathlib, sys, time
+time.sleep(float(sys.argv[2]))
+step = pathlib.Path(sys.argv[1]) / "step_5"
+step.mkdir()
+(step / "shard.bin").write_bytes(bytes(range(256)) * 64)
+time.sleep(60)
+"""
+
+
+def _run(
+    ckpt: Path, save_after_s: float, wait_s: float, duration_s: float
+) -> tuple[list[Injection], float]:
+    runner = JobRunner(
+        RunnerOptions(
+            command=[sys.executable, "-c", LATE_SAVER, str(ckpt), str(save_after_s)],
+            ckpt_dir=ckpt,
+            wait_for_workers_s=wait_s,
+        )
+    )
+    plan = FaultPlan(
+        seed=0,
+        mtbf=1.0,
+        keep_alive=0.0,
+        faults=(Fault(at_s=0.0, kind="torn_checkpoint", victim=0, seed=0),),
+    )
+    return runner.run(plan, duration_s=duration_s), runner.t0
+
+
+def test_a_storage_fault_due_before_the_first_save_waits_for_it(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (injection,), t0 = _run(ckpt, save_after_s=2.0, wait_s=60.0, duration_s=8.0)
+    assert not injection.error, injection.error
+    assert "shard.bin" in injection.action
+    # Injected once the file existed, not at its planned 0 s, when there was nothing to tear.
+    assert injection.injected_mono - t0 >= 2.0
+    assert (ckpt / "step_5" / "shard.bin").read_bytes() != bytes(range(256)) * 64
+
+
+def test_a_storage_fault_with_no_checkpoint_in_time_is_recorded_not_raised(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (injection,), _ = _run(ckpt, save_after_s=30.0, wait_s=1.0, duration_s=3.0)
+    assert injection.error is not None
+    assert "no committed checkpoint" in injection.error and "torn_checkpoint" in injection.error
