@@ -1,11 +1,13 @@
 """The one adapter over torch DCP's planning and file format (checked against torch 2.13).
 
 The rank process runs DCP's own planning (``DefaultSavePlanner``: flattening, dedup of
-replicated tensors, global metadata) with the same gather/scatter DCP's ``save`` does. The writer
-process runs DCP's own ``FileSystemWriter.write_data`` on the staged tensors, so the files are
-byte-for-byte what ``dcp.save`` writes. Rank 0 finishes with ``FileSystemWriter.finish`` (the
-standard ``.metadata``). Private DCP names used: ``_StoragePrefix`` and ``_StorageInfo`` (the
-storage records of the file-system writer); nothing else.
+replicated tensors, global metadata) with the gather/scatter DCP's ``save`` does, except that the
+plans cross ranks as JSON over byte tensors (``_plan_codec``, ``_json_collectives``), never as
+pickled objects (ARCHITECTURE decision 1). The writer process runs DCP's own
+``FileSystemWriter.write_data`` on the staged tensors, so the files are byte-for-byte what
+``dcp.save`` writes. Rank 0 finishes with ``FileSystemWriter.finish`` (the standard
+``.metadata``). Private DCP names used: ``_StoragePrefix`` (here and in ``_plan_codec``) and
+``_StorageInfo`` (the storage records of the file-system writer); nothing else.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
+
+from . import _json_collectives, _plan_codec
 
 try:  # the file-system writer's storage records (private in every torch 2.x)
     from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
@@ -159,49 +163,51 @@ def make_plan(
         return None, {"skip": True}
     if all_hit and vec[1] == 0 and optimistic is not None:
         return optimistic, {"nonce": vec[2]}
+    # Local plans go to rank 0 and final plans come back as JSON (see _plan_codec): a rank's
+    # failure travels as a string in place of its plan, so every rank learns of it.
     local: Any = setup_error
     if not local:
         try:
-            local = planner.create_local_plan()
+            local = _plan_codec.encode_plan(planner.create_local_plan())
         except Exception as exc:
             local = f"rank {rank}: planning failed: {exc!r}"
-    gathered: list[Any] | None = [None] * world if rank == 0 else None
-    if group is not None:
-        dist.gather_object(local, gathered, dst=dist.get_global_rank(group, 0), group=group)
-    else:
-        gathered = [local]
+    gathered = _json_collectives.gather_json(local, 0, group)
     scattered: list[Any] | None = None
     metadata: Metadata | None = None
-    plans: list[SavePlan] | None = None
     if rank == 0:
         assert gathered is not None
         errors = [p for p in gathered if isinstance(p, str)]
         decision: dict[str, Any] = {}
+        plans: list[dict[str, Any]] | None = None
         if errors:
             decision = {"error": "; ".join(errors)}
         else:
             try:
                 decision = first
                 if not decision.get("error"):
-                    plans, metadata = planner.create_global_plan(gathered)
-                    plans = FileSystemWriter(extra["path"]).prepare_global_plan(plans)
+                    local_plans = [_plan_codec.decode_plan(p) for p in gathered]
+                    central_plans, metadata = planner.create_global_plan(local_plans)
+                    central_plans = FileSystemWriter(extra["path"]).prepare_global_plan(
+                        central_plans
+                    )
+                    plans = [_plan_codec.encode_plan(p) for p in central_plans]
             except Exception as exc:
                 decision = {"error": f"rank 0: planning failed: {exc!r}"}
         scattered = [
-            (plans[i] if plans is not None and not decision.get("error") else None, decision)
+            {
+                "plan": plans[i] if plans is not None and not decision.get("error") else None,
+                "decision": decision,
+            }
             for i in range(world)
         ]
-    received: list[Any] = [None]
-    if group is not None:
-        dist.scatter_object_list(
-            received, scattered, src=dist.get_global_rank(group, 0), group=group
-        )
-    else:
-        assert scattered is not None
-        received = [scattered[0]]
-    central, decision = received[0]
-    if decision.get("error") or central is None:
+    try:
+        received = _json_collectives.scatter_json(scattered, 0, group)
+    except ValueError as exc:  # raised on every rank alike: decide() gave a non-JSON value
+        return None, {"error": f"rank {rank}: planning failed: {exc}"}
+    decision = received["decision"]
+    if decision.get("error") or received["plan"] is None:
         return None, decision
+    central = _plan_codec.decode_plan(received["plan"])
     final = planner.finish_plan(central)
     cache.key, cache.plan, cache.metadata = key, final, metadata
     cache.version += 1

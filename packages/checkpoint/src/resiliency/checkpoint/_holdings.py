@@ -8,12 +8,12 @@ Local-tier layout (one directory per node, shared by the node's ranks)::
 
 A shard directory is named by the GLOBAL rank that wrote it, never by the node it lies on, so a
 node whose ranks were permuted by a re-rendezvous still finds the right files, wherever they are.
-Small JSON exchanges go through byte tensors (no pickle crosses a process boundary).
+Small JSON exchanges go through byte tensors (``_json_collectives``: no pickle crosses a process
+boundary).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from . import _layout
+from ._json_collectives import all_gather_json
 
 logger = logging.getLogger(__name__)
 
@@ -40,27 +40,6 @@ def shard_dir(root: Path, step: int, shard: int) -> Path:
 def tmp_shard_dir(root: Path, step: int, shard: int, nonce: str) -> Path:
     """A temporary directory a shard is written or received into."""
     return root / f".tmp-step_{step}-shard_{shard}-{nonce}"
-
-
-def all_gather_json(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
-    """Every rank's JSON-serializable ``value``, on every rank (two gloo collectives)."""
-    if group is None:
-        return [value]
-    data = json.dumps(value, separators=(",", ":")).encode()
-    world = dist.get_world_size(group)
-    size = torch.tensor([len(data)], dtype=torch.int64)
-    sizes = [torch.empty_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    longest = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(max(longest, 1), dtype=torch.uint8)
-    if data:
-        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    out = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(out, mine, group=group)
-    return [
-        json.loads(bytes(t[: int(n.item())].numpy().tobytes()))
-        for t, n in zip(out, sizes, strict=True)
-    ]
 
 
 def _node_key(label: str) -> tuple[int, int, str]:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _events, _holdings, _layout, _replicate
+from . import _events, _holdings, _json_collectives, _layout, _replicate
 from .errors import CheckpointCorruptError, NoCheckpointError
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,9 @@ class TieredRestore:
     def gather(self) -> None:
         held = _holdings.scan(self.local.root, self.world) if self.local is not None else []
         steps = self.persistent.steps() if self.persistent is not None else []
-        everyone = _holdings.all_gather_json({"held": held, "persistent": steps}, self.group)
+        everyone = _json_collectives.all_gather_json(
+            {"held": held, "persistent": steps}, self.group
+        )
         for holder, entry in enumerate(everyone):
             for step, shard, nonce, nbytes in entry["held"]:
                 if 0 <= shard < self.world:
@@ -137,7 +139,7 @@ class TieredRestore:
             problem = self._transfer(step, nonce, plan) or problem
         except _replicate.ReplicationError as exc:
             problem = str(exc)
-        verdicts = _holdings.all_gather_json(problem, self.group)
+        verdicts = _json_collectives.all_gather_json(problem, self.group)
         failed = [(s, plan[s], p) for s, p in enumerate(verdicts) if p]
         for shard, holder, why in failed:
             logger.warning(
@@ -157,7 +159,7 @@ class TieredRestore:
             dcp.load(state, checkpoint_id=mine, no_dist=True)
         except (Exception, CheckpointException) as exc:
             error = f"loading {mine} failed: {exc}"
-        errors = _holdings.all_gather_json(error, self.group)
+        errors = _json_collectives.all_gather_json(error, self.group)
         if any(errors):
             logger.warning(
                 "step %d: loading failed on some rank: %s", step, [e for e in errors if e]

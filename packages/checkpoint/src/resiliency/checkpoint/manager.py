@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _agree, _dcp, _events, _layout, _restore, _staging
+from . import _agree, _dcp, _events, _json_collectives, _layout, _restore, _staging
 from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
 from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
 from .errors import (
@@ -412,18 +412,25 @@ class CheckpointManager:
         if chosen is None:
             return None
         path = _layout.step_dir(self.root, chosen)
+        failure: BaseException | None = None
         try:
             with warnings.catch_warnings():
-                # One process is intended here; DCP's "assuming a single process" is noise.
+                # Each rank loads on its own (below); DCP's "assuming a single process" is noise.
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(
-                    state,
-                    checkpoint_id=path,
-                    process_group=self._group,
-                    no_dist=self._group is None,
-                )
+                # no_dist on every rank: DCP's load would exchange the read plans with pickled
+                # object collectives (ARCHITECTURE decision 1), and for these checkpoints the
+                # exchange changes nothing. Every rank reads the global .metadata and plans its
+                # own reads; the global step (DefaultLoadPlanner.create_global_plan and
+                # FileSystemReader.prepare_global_plan, torch 2.13) returns the local plans as
+                # they are. What the exchange gave besides, a failure on one rank raised on
+                # every rank, the JSON all-gather below gives.
+                dcp.load(state, checkpoint_id=path, no_dist=True)
         except (Exception, CheckpointException) as exc:
-            raise CheckpointError(f"loading {path} failed: {exc}") from exc
+            failure = exc
+        mine = f"rank {self.rank}: {failure}" if failure is not None else ""
+        errors = [e for e in _json_collectives.all_gather_json(mine, self._group) if e]
+        if errors:
+            raise CheckpointError(f"loading {path} failed: {'; '.join(errors)}") from failure
         duration = time.monotonic() - t0
         _events.emit(
             "checkpoint_loaded",
