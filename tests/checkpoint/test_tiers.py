@@ -68,6 +68,25 @@ def test_corrupt_replica_falls_back_to_an_older_step_whole(tmp_path: Path) -> No
     assert "corrupt" in c.logs("job2")
 
 
+def test_a_corrupt_own_copy_is_caught_while_loading_and_the_replica_restores(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path)
+    c.run(12)
+    shard = tmp_path / "node0-local" / "step_000000012" / "shard_0"
+    data = next(p for p in shard.iterdir() if p.name.endswith(".distcp"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) - 100] ^= 0xFF  # near the end: rank 0 has already loaded most of the state
+    data.write_bytes(bytes(raw))
+    second = c.run(13)
+    # Rank 0 finds its own copy corrupt while loading it; shard 0's other copy (node 1's
+    # replica) is sent to it and loaded over whatever the bad copy wrote: same step, exact.
+    assert [second[r]["restored"] for r in (0, 1)] == [12, 12]
+    assert second[0]["tier"] == "replica" and second[1]["tier"] == "local"
+    assert second[0]["identical"] and second[1]["identical"]
+    assert "corrupt" in c.logs("job2")
+
+
 def test_node_killed_mid_replication_commits_nothing(tmp_path: Path) -> None:
     c = Cluster(tmp_path)
     c.run(8, "--kill-in-replication", "8", "--kill-node", "1", expect_ok=False)

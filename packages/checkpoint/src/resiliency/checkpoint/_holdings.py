@@ -134,9 +134,3 @@ def scan(root: Path, world: int) -> list[list[Any]]:
                 continue
             held.append([step, shard, str(manifest["nonce"]), int(manifest.get("bytes", 0))])
     return held
-
-
-def verify_shard(directory: Path) -> str:
-    """Check every file of a shard directory against its CRC-32; return a problem or ''."""
-    ok, problem, _ = _layout.verify_step(directory, 0, 1)
-    return "" if ok else problem

@@ -7,13 +7,14 @@
    0..world-1 somewhere, plus the persistent steps. The newest candidate is tried first; a
    step held both locally and persistently is tried locally first.
 3. For a local step each shard r gets a source: rank r itself when its node holds the copy,
-   else a rank that holds it. A rank checks its own copy's CRC-32s; a copy from a peer is sent
-   over ``torch.distributed`` and checked on arrival (``_replicate``), then kept on this node.
-   Every rank reports its verdict (one all-gather): one bad copy marks that copy bad and the
-   plan is made again (another holder, else an older step, else the persistent tier) for the
-   WHOLE job, so no rank ever loads a different step from the others.
-4. Each rank loads its own shard (a one-rank DCP checkpoint); a failed load on any rank again
-   sends the whole job to the next option.
+   else a rank that holds it. A copy from a peer is sent over ``torch.distributed`` and checked
+   on arrival (``_replicate``), then kept on this node. Every rank reports its verdict (one
+   all-gather): one bad copy marks that copy bad and the plan is made again (another holder,
+   else an older step, else the persistent tier) for the WHOLE job, so no rank ever loads a
+   different step from the others.
+4. Each rank loads its own shard (a one-rank DCP checkpoint), checking its CRC-32s in the same
+   pass (``_verified_read``); a corrupt copy or a failed load on any rank again sends the whole
+   job to the next option.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import time
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _events, _holdings, _json_collectives, _layout, _replicate
+from . import _events, _holdings, _json_collectives, _layout, _replicate, _verified_read
 from .errors import CheckpointCorruptError, NoCheckpointError
 
 logger = logging.getLogger(__name__)
@@ -133,32 +133,25 @@ class TieredRestore:
         src = plan[self.rank]
         mine = _holdings.shard_dir(self.local.root, step, self.rank)
         problem = ""
-        if src == self.rank:
-            problem = _holdings.verify_shard(mine)
         try:
-            problem = self._transfer(step, nonce, plan) or problem
+            problem = self._transfer(step, nonce, plan)
         except _replicate.ReplicationError as exc:
             problem = str(exc)
-        verdicts = _json_collectives.all_gather_json(problem, self.group)
-        failed = [(s, plan[s], p) for s, p in enumerate(verdicts) if p]
-        for shard, holder, why in failed:
-            logger.warning(
-                "step %d: the copy of shard %d held by rank %d is unusable: %s",
-                step,
-                shard,
-                holder,
-                why,
-            )
-            self.bad.add((step, nonce, shard, holder))
-        if failed:
+        if self._drop_bad_copies(step, nonce, plan, problem):
             return None
+        # Verified while it loads (one pass, ``_verified_read``): a corrupt copy may have
+        # written part of ``state``, which the next option then overwrites whole.
         tier = "local" if src == self.rank else "replica"
         t0 = time.monotonic()
-        error = ""
+        corrupt = error = ""
         try:
-            dcp.load(state, checkpoint_id=mine, no_dist=True)
+            _verified_read.load_verified(state, mine)
+        except _verified_read.CorruptShardError as exc:
+            corrupt = str(exc)
         except (Exception, CheckpointException) as exc:
             error = f"loading {mine} failed: {exc}"
+        if self._drop_bad_copies(step, nonce, plan, corrupt):
+            return None
         errors = _json_collectives.all_gather_json(error, self.group)
         if any(errors):
             logger.warning(
@@ -176,6 +169,21 @@ class TieredRestore:
             time.monotonic() - t0,
         )
         return step, tier, self.local_bytes.get((step, nonce, self.rank), 0)
+
+    def _drop_bad_copies(self, step: int, nonce: str, plan: dict[int, int], problem: str) -> bool:
+        """Exchange every rank's verdict on its copy; mark the bad ones. True if any was bad."""
+        verdicts = _json_collectives.all_gather_json(problem, self.group)
+        failed = [(s, plan[s], p) for s, p in enumerate(verdicts) if p]
+        for shard, holder, why in failed:
+            logger.warning(
+                "step %d: the copy of shard %d held by rank %d is unusable: %s",
+                step,
+                shard,
+                holder,
+                why,
+            )
+            self.bad.add((step, nonce, shard, holder))
+        return bool(failed)
 
     def _transfer(self, step: int, nonce: str, plan: dict[int, int]) -> str:
         """Send the shards this rank is the source of; receive its own when needed."""
