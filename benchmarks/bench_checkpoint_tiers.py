@@ -117,7 +117,9 @@ def rank_main(args: argparse.Namespace) -> int:
         out[f"{name}_durable_s"] = slowest(durable)
 
     def timed_load(mgr: CheckpointManager, name: str) -> int | None:
-        target = {k: torch.empty_like(v) for k, v in state.items()}
+        # Allocated and written, as a restarted job's model and optimizer are before they load:
+        # the first touch of fresh pages is the job's start-up, not the restore.
+        target = {k: torch.zeros_like(v) for k, v in state.items()}
         dist.barrier()
         t0 = time.monotonic()
         step = mgr.load(target)
