@@ -100,6 +100,24 @@ def test_node_killed_mid_replication_commits_nothing(tmp_path: Path) -> None:
     assert second[0]["identical"] and second[1]["identical"]
 
 
+def test_a_slow_peer_fails_one_replicated_step_and_the_next_ones_commit(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    # Node 1 stalls past the 3 s replication deadline at step 6, then carries on.
+    first = c.run(10, "--stall-in-replication", "6", "--repl-timeout", "3")
+    assert (c.out / "stalled-1").exists()
+    log = c.logs("job1")
+    for r in (0, 1):
+        mine = [line for line in log.splitlines() if line.startswith(f"[rank {r} ")]
+        assert any("local save of step 6 failed" in line for line in mine), log[-4000:]
+        assert any("replication group rebuilt" in line for line in mine), log[-4000:]
+    for step in (7, 8, 9, 10):  # every later step replicated again, on both ranks
+        assert log.count(f"step {step} saved locally (+") == 2, log[-4000:]
+        assert f"step {step} saved locally (+0 " not in log
+    for node in (0, 1):
+        assert c.committed(node) == {9: [0, 1], 10: [0, 1]}
+    assert all(first[r]["steps"][-1] == 10 for r in (0, 1))
+
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "checkpoint_tiers.py"
 
 

@@ -58,6 +58,8 @@ def main() -> int:
     p.add_argument("steps", type=int)
     p.add_argument("--kill-in-replication", type=int, default=-1)
     p.add_argument("--kill-node", type=int, default=1)
+    p.add_argument("--stall-in-replication", type=int, default=-1)
+    p.add_argument("--repl-timeout", type=float, default=30.0)
     p.add_argument("--local-every", type=int, default=1)
     p.add_argument("--persistent-every", type=int, default=5)
     p.add_argument("--tag", default="job")
@@ -90,6 +92,20 @@ def main() -> int:
 
         _replicate._Link.wait = wait  # type: ignore[method-assign]
 
+    if args.stall_in_replication >= 0 and node == args.kill_node:
+        real_send = _replicate._Link.send
+        stalled: set[str] = set()
+
+        def send(self: Any, *a: Any) -> None:
+            # A slow peer, not a dead one: past the others' deadline once, then it goes on.
+            if f"step {args.stall_in_replication} " in self.what and self.what not in stalled:
+                stalled.add(self.what)
+                (out / f"stalled-{rank}").touch()
+                time.sleep(args.repl_timeout + 2)
+            real_send(self, *a)
+
+        _replicate._Link.send = send  # type: ignore[method-assign]
+
     torch.manual_seed(0)
     model = DDP(
         torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
@@ -102,7 +118,7 @@ def main() -> int:
     mgr = CheckpointManager(
         None,
         tiers=[
-            LocalTier(local_dir, every=args.local_every, replicas=1, timeout_s=30),
+            LocalTier(local_dir, every=args.local_every, replicas=1, timeout_s=args.repl_timeout),
             PersistentTier(args.persistent, every=args.persistent_every, keep_last=3),
         ],
         writer_timeout_s=60,

@@ -13,7 +13,10 @@ shared-memory arena, exactly like the persistent tier. Off the training thread, 
 
 A node that dies mid-transfer makes its peers' waits fail (bounded), the all-reduce fails, and
 nothing is committed anywhere. The replication group is a gloo group of its own, so these
-collectives never interleave with the training thread's.
+collectives never interleave with the training thread's. A failed exchange can leave that group
+with its members out of step (gloo also closes the pair that failed); every member then builds
+a new one before its next save, so a peer that was only slow costs one step, not every later
+local save.
 """
 
 from __future__ import annotations
@@ -90,12 +93,11 @@ class LocalSaver:
         self.peers = self.topology.peers_of(self.rank, tier.replicas)
         self.sources = self.topology.sources_of(self.rank, tier.replicas)
         self.repl_group: dist.ProcessGroup | None = None
+        # Set when a collective of the replication group failed: the group's peers may be out
+        # of step (one gave up mid-exchange), so it is rebuilt before the next save uses it.
+        self._repl_broken = False
         if group is not None:
-            self.repl_group = dist.new_group(
-                dist.get_process_group_ranks(group),
-                backend="gloo",
-                timeout=timedelta(seconds=tier.timeout_s),
-            )
+            self.repl_group = self._new_repl_group()
         if self.topology.ranks_on(self.topology.node_of(self.rank))[0] == self.rank:
             _layout.remove_stale(self.root)
         if group is not None:
@@ -116,6 +118,7 @@ class LocalSaver:
         )
         _events.emit("checkpoint_save_started", step=step, tier="local")
         try:
+            self.ensure_repl_group()
             save.tmp.mkdir()
             plan, _ = _dcp.make_plan(state_dict, None, {"path": save.tmp}, dict)
             assert plan is not None
@@ -133,6 +136,45 @@ class LocalSaver:
         )
         save.thread.start()
         return save
+
+    def _new_repl_group(self) -> dist.ProcessGroup:
+        assert self.group is not None
+        return dist.new_group(
+            dist.get_process_group_ranks(self.group),
+            backend="gloo",
+            timeout=timedelta(seconds=self.tier.timeout_s),
+            use_local_synchronization=True,  # only the members, whatever the world
+        )
+
+    def ensure_repl_group(self) -> None:
+        """Build a fresh replication group if an exchange failed since the last one.
+
+        Collective over the group's members, which all see the failure (see ``_collective``).
+        The old group is left to its timeouts, not destroyed: destroying a gloo group with an
+        operation still pending on a dead pair can block.
+        """
+        if not self._repl_broken:
+            return
+        t0 = time.monotonic()
+        self.repl_group = self._new_repl_group()
+        self._repl_broken = False
+        logger.warning(
+            "rank %d: replication group rebuilt after a failed transfer (%.3f s)",
+            self.rank,
+            time.monotonic() - t0,
+        )
+
+    def _collective(self, fn: Any, *args: Any) -> Any:
+        """Run one step of the replication protocol; a failure marks the group for rebuild.
+
+        When one member fails mid-protocol the others fail too (their next wait on it times
+        out), so every member marks the group and rebuilds it at the same save.
+        """
+        try:
+            return fn(*args)
+        except Exception:
+            self._repl_broken = True
+            raise
 
     def _stage_and_send(self, save: LocalSave, plan: _dcp.Plan) -> None:
         if self._writer is None or not self._writer.alive():
@@ -214,7 +256,7 @@ class LocalSaver:
             except Exception as exc:
                 save.fail(f"rank {self.rank}: finishing the local shard failed: {exc!r}")
                 files = None
-            nonce = self._nonce()
+            nonce = self._collective(self._nonce)
             manifest = None
             if files is not None:
                 manifest = json.loads(_layout.build_manifest(save.step, nonce, self.world, files))
@@ -229,10 +271,10 @@ class LocalSaver:
                 for src in self.sources
             ]
             if self.repl_group is not None:
-                self._send_replicas(save, nonce, manifest, incoming)
+                self._collective(self._send_replicas, save, nonce, manifest, incoming)
             code = torch.tensor([1 if save.failed else 0], dtype=torch.int64)
             if self.repl_group is not None:
-                dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.repl_group)
+                self._collective(self._agree, code)
             if int(code.item()) == 0:
                 self._commit(save, incoming)
             else:
@@ -251,6 +293,10 @@ class LocalSaver:
                 )
             self._report(save)
             save.done.set()
+
+    def _agree(self, code: torch.Tensor) -> None:
+        assert self.repl_group is not None
+        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=self.repl_group)
 
     def _send_replicas(
         self,

@@ -183,6 +183,8 @@ class TieredCheckpoints:
             raise CheckpointError("the CheckpointManager is closed")
         with contextlib.suppress(SaveFailedError):
             self.wait()
+        if self.local is not None:
+            self.local.ensure_repl_group()
         return _tiered_restore.restore(
             state,
             step,
