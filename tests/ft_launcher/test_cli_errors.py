@@ -53,6 +53,7 @@ def test_yaml_typo_names_the_closest_key(tmp_path: Path, marker_dir: Path):
         (["--term-timeout", "100000"], "--term-timeout"),
         (["--term-timeout", "soon"], "--term-timeout"),
         (["--node-health-check-fn", "no_such_module_xyz:check"], "no_such_module_xyz"),
+        (["--ft-preimport", "torch,not a module"], "--ft-preimport"),
     ],
 )
 def test_bad_flag_stops_before_any_worker(marker_dir: Path, flags: list[str], needle: str):

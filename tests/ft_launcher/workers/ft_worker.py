@@ -42,6 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     marker = args.marker_dir
     mark(marker, f"start-{RANK}-{ATTEMPT}-{os.getpid()}")
+    mark(marker, f"parent-{RANK}-{ATTEMPT}-{os.getppid()}")
     faulty = args.fault_rank == RANK and args.fault_attempt in (ATTEMPT, -1)
     if "FT_TEST_FAULT_NODE" in os.environ:
         # Multi-node tests pick the faulty node (not the rank, which the rendezvous assigns).

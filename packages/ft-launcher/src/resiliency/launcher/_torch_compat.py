@@ -20,6 +20,9 @@ The private pieces this module wraps, each verified against the torch versions i
   process handles (exit codes after a shutdown).
 * ``LocalElasticAgent._shutdown`` / ``_stop_workers``: their parameters changed across versions
   (``timeout``, ``is_restart``); overrides accept all, calls pass what this torch takes.
+* ``torch.distributed.elastic.multiprocessing.api.get_subprocess_handler``: the name torch's
+  ``SubprocessContext`` starts each worker with; :func:`worker_handler_factory` points it at the
+  fork server's handler while ``--ft-preimport`` workers start (signature checked).
 * ``torch.distributed.launcher.api.LocalElasticAgent``: the name ``launch_agent`` builds its
   agent from; :func:`run_launch_agent` points it at the launcher's agent for the one call, so
   torch's launcher path runs as under torchrun (``launch_agent(config, entrypoint, args)``
@@ -28,24 +31,33 @@ The private pieces this module wraps, each verified against the torch versions i
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig
 
 from resiliency.launcher.errors import TorchVersionError
 
-__all__ = ["MIN_TORCH", "TESTED_TORCH", "CompatAgent", "check_torch_version", "run_launch_agent"]
+__all__ = [
+    "MIN_TORCH",
+    "TESTED_TORCH",
+    "CompatAgent",
+    "check_torch_version",
+    "run_launch_agent",
+    "worker_handler_factory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +183,36 @@ def run_launch_agent(
             return launcher_api.launch_agent(config, entrypoint, args)
         finally:
             setattr(launcher_api, _AGENT_GLOBAL, original)
+
+
+_HANDLER_GLOBAL = "get_subprocess_handler"
+_HANDLER_PARAMS = ("entrypoint", "args", "env", "stdout", "stderr", "local_rank_id")
+_handler_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def worker_handler_factory(factory: Callable[..., Any]) -> Iterator[None]:
+    """Start workers through ``factory`` instead of torch's ``SubprocessHandler``.
+
+    ``factory`` is called as torch calls ``get_subprocess_handler`` (by keyword) and returns an
+    object with its attributes (``proc``, ``local_rank_id``, ``close(death_sig)``).
+
+    Raises:
+        TorchVersionError: this torch does not start workers through that function.
+    """
+    original = getattr(mp_api, _HANDLER_GLOBAL, None)
+    params = tuple(inspect.signature(original).parameters) if callable(original) else ()
+    if params[: len(_HANDLER_PARAMS)] != _HANDLER_PARAMS:
+        raise TorchVersionError(
+            f"torch {torch.__version__} no longer starts workers through "
+            f"{mp_api.__name__}.{_HANDLER_GLOBAL}{params}; run without --ft-preimport"
+        )
+    with _handler_lock:
+        setattr(mp_api, _HANDLER_GLOBAL, factory)
+        try:
+            yield
+        finally:
+            setattr(mp_api, _HANDLER_GLOBAL, original)
 
 
 class CompatAgent(LocalElasticAgent):

@@ -22,7 +22,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import MonitorEvent, WorkloadAction
-from resiliency.launcher._torch_compat import CompatAgent
+from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
 from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
 from resiliency.launcher.diagnosis import HangDiagnosis
@@ -159,7 +159,12 @@ class FtElasticAgent(CompatAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._monitors.start_all()
         launcher_stopping(self._settings.preemption, False)
-        pids: dict[int, Any] = super()._start_workers(worker_group)
+        pids: dict[int, Any]
+        if self._settings.fork_server is None:
+            pids = super()._start_workers(worker_group)
+        else:
+            with worker_handler_factory(self._settings.fork_server.make_handler):
+                pids = super()._start_workers(worker_group)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
         self._cycle = self._new_cycle()
         self.goodput.cycle_started(node=str(worker_group.group_rank))

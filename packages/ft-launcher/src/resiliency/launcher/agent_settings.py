@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resiliency.ft import FaultToleranceConfig
+from resiliency.launcher.fork_server import ForkServer
 from resiliency.launcher.health import HealthCheck
 from resiliency.launcher.policy import RestartPolicy
 from resiliency.launcher.preemption import Preemption
@@ -39,6 +40,7 @@ class AgentSettings:
         health_checks: run before every (re)join of the rendezvous.
         finished_flag_file: passed to the workers as FAULT_TOL_FINISHED_FLAG_FILE.
         preemption: graceful preemption (workers that saved exit 75: no restart, exit 5).
+        fork_server: workers are forked from it (``--ft-preimport``), else started anew.
     """
 
     ft_cfg: FaultToleranceConfig
@@ -48,3 +50,4 @@ class AgentSettings:
     health_checks: tuple[HealthCheck, ...] = ()
     finished_flag_file: str | None = None
     preemption: Preemption | None = None
+    fork_server: ForkServer | None = None

@@ -21,6 +21,7 @@ from resiliency.ft import FaultToleranceConfig
 from resiliency.launcher._torch_compat import run_launch_agent
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.fork_server import ForkServer, ForkServerError
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import (
     CallableHealthCheck,
@@ -126,6 +127,16 @@ def launch(
     except BaseException:
         clean_up(preemption)
         raise
+    try:  # --ft-preimport: imports once, here, before the first rendezvous
+        fork_server = ForkServer(list(options.preimport)) if options.preimport else None
+    except BaseException as exc:
+        monitors.stop_all()
+        clean_up(preemption)
+        if not isinstance(exc, ForkServerError):
+            raise
+        logger.error("ft-launcher exits 1: %s", exc)
+        goodput.job_ended(int(ExitCode.FAILURE), "fork_server_failed")
+        return int(ExitCode.FAILURE)
     settings = AgentSettings(
         ft_cfg=ft_cfg,
         policy=policy_from_name(options.restart_policy),
@@ -134,6 +145,7 @@ def launch(
         health_checks=health_checks,
         finished_flag_file=options.finished_flag_file,
         preemption=preemption,
+        fork_server=fork_server,
     )
     built: list[FtElasticAgent] = []
     supervision: list[Supervision] = []
@@ -189,6 +201,8 @@ def launch(
         for running in supervision:
             running.stop()
         monitors.stop_all()
+        if fork_server is not None:
+            fork_server.close()
     agent = built[0] if built else None
     if (
         agent is not None

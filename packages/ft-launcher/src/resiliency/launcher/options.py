@@ -116,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: RESILIENCY_GOODPUT_DIR, else none). See resiliency-goodput report.",
     )
     group.add_argument(
+        "--ft-preimport",
+        dest="preimport",
+        default="",
+        metavar="MODULES",
+        help="Comma-separated modules (e.g. torch,lightning) a fork server imports once at "
+        "launch; every worker of every restart is then forked from it instead of starting a "
+        "new interpreter that imports them again. Only for 'python [-u] SCRIPT' and "
+        "'python -m MODULE' workers. (default: off)",
+    )
+    group.add_argument(
         "--exit-status-file",
         dest="exit_status_file",
         default=None,
@@ -138,6 +148,7 @@ class LauncherOptions:
         gpu_health_check: run the NVML GPU check.
         finished_flag_file: value for FAULT_TOL_FINISHED_FLAG_FILE, if given.
         exit_status_file: where to write the verdict JSON, if given.
+        preimport: modules the fork server imports (empty: no fork server).
     """
 
     restart_policy: str
@@ -148,6 +159,7 @@ class LauncherOptions:
     gpu_health_check: bool
     finished_flag_file: str | None
     exit_status_file: str | None
+    preimport: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
@@ -174,4 +186,13 @@ class LauncherOptions:
             gpu_health_check=args.gpu_health_check,
             finished_flag_file=os.path.abspath(finished) if finished else None,
             exit_status_file=args.exit_status_file,
+            preimport=_module_list(args.preimport),
         )
+
+
+def _module_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not all(part.isidentifier() for part in n.split("."))]
+    if bad:
+        raise LauncherConfigError(f"--ft-preimport: {', '.join(bad)} is not a module name")
+    return names

@@ -1,0 +1,147 @@
+"""The fork server: a process that imports the workers' heavy modules once and forks workers.
+
+    python -m resiliency.launcher._fork_server_main FD MODULE[,MODULE...]
+
+Started by ft-launcher with ``--ft-preimport`` and kept across restarts. It imports the given
+modules, then serves requests on the socket ``FD`` (length-prefixed JSON, never pickle):
+
+- ``{"t": "spawn", "argv": [...], "env": {...}, "cwd": ..., "stdout": path|null,
+  "stderr": path|null}`` -> ``{"t": "spawned", "pid": N}`` or ``{"t": "refused", "why": ...}``;
+- it sends ``{"t": "exit", "pid": N, "code": C}`` when a worker ends (``C`` as Popen's
+  ``returncode``: negative for a signal).
+
+It stays single-threaded (a fork from a process with other threads can deadlock the child) and
+ends when the launcher's end of the socket closes, or the launcher dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+from resiliency.launcher import _forked_worker
+
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 64 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send one length-prefixed JSON frame."""
+    data = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
+    """Receive one frame; None when the peer closed the socket.
+
+    Raises:
+        ValueError: an oversized or malformed frame.
+    """
+    header = _recv_exact(sock, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > _MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes")
+    data = _recv_exact(sock, size)
+    if data is None:
+        return None
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError("a frame is not a JSON object")
+    return message
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher is already gone
+        os._exit(1)
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send_frame(sock, {"t": "exit", "pid": pid, "code": _returncode(status)})
+
+
+def _spawn(sock: socket.socket, request: dict[str, Any]) -> None:
+    problem = _forked_worker.check(request)
+    if problem:
+        send_frame(sock, {"t": "refused", "why": problem})
+        return
+    pid = os.fork()
+    if pid == 0:  # the worker: never returns
+        _forked_worker.run(request, sock.fileno())
+    send_frame(sock, {"t": "spawned", "pid": pid})
+
+
+def serve(sock: socket.socket) -> int:
+    """Answer requests until the launcher closes its end; return the exit code."""
+    while True:
+        _reap(sock)
+        ready, _, _ = select.select([sock], [], [], 0.05)
+        if not ready:
+            continue
+        try:
+            request = recv_frame(sock)
+        except (ValueError, OSError) as exc:
+            print(f"ft-launcher fork server: bad request: {exc}", file=sys.stderr)
+            return 1
+        if request is None:
+            return 0
+        if request.get("t") == "spawn":
+            _spawn(sock, request)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Import the modules, then serve (see the module docstring)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m resiliency.launcher._fork_server_main FD MODULES", file=sys.stderr)
+        return 2
+    _die_with_parent()
+    sock = socket.socket(fileno=int(args[0]))
+    for name in filter(None, args[1].split(",")):
+        importlib.import_module(name)
+    send_frame(sock, {"t": "ready", "pid": os.getpid()})
+    try:
+        return serve(sock)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""--ft-preimport: workers forked from a fork server that imported torch once, across restarts."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launcher_harness import FAST_FT_FLAGS, WORKER, markers
+
+from resiliency.launcher.fork_server import ForkedProc, ForkServer
+
+pytestmark = pytest.mark.slow
+
+RECORD_WORKER = Path(__file__).parent / "workers" / "record_worker.py"
+
+
+def _server_pid(log: str) -> int:
+    found = re.findall(r"fork server pid (\d+) ready", log)
+    assert len(found) == 1, log
+    return int(found[0])
+
+
+def _parents(marker_dir: Path) -> dict[tuple[int, int], int]:
+    """(rank, attempt) -> the pid of the worker's parent."""
+    out = {}
+    for name in markers(marker_dir, "parent"):
+        _, rank, attempt, ppid = name.split("-")
+        out[(int(rank), int(attempt))] = int(ppid)
+    return out
+
+
+@pytest.mark.parametrize("mode,expected", [("crash", "exited with code 7"), ("hang_hb", "hung")])
+def test_restarted_workers_are_forked_from_the_preimported_server(
+    launch, marker_dir: Path, mode: str, expected: str
+) -> None:
+    launcher = launch(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            *FAST_FT_FLAGS,
+            "--ft-preimport",
+            "torch",
+            str(WORKER),
+            "--mode",
+            mode,
+            "--marker-dir",
+            str(marker_dir),
+        ]
+    )
+    assert launcher.wait(60) == 0, launcher.log()
+    log = launcher.log()
+    assert expected in log and "restarting the worker group" in log
+    assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
+    server = _server_pid(log)
+    # Both attempts of both ranks came from the one server, none from the launcher.
+    assert _parents(marker_dir) == {(r, a): server for r in (0, 1) for a in (0, 1)}
+    assert not os.path.exists(f"/proc/{server}"), "the fork server outlived the launcher"
+
+
+def test_a_forked_workers_exception_gives_torchruns_report_and_error_file(
+    launch, tmp_path: Path
+) -> None:
+    error_file = tmp_path / "launcher-error.json"
+    launcher = launch(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            *FAST_FT_FLAGS,
+            "--ft-preimport",
+            "torch",
+            str(RECORD_WORKER),
+        ],
+        env={"TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    assert launcher.wait(60) == 1, launcher.log()
+    log = launcher.log()
+    assert "Root Cause (first observed failure)" in log
+    assert "RuntimeError: injected failure in rank 1" in log
+    assert error_file.exists()
+
+
+def test_a_command_the_server_cannot_fork_starts_as_a_new_process(tmp_path: Path) -> None:
+    server = ForkServer(["json"])
+    try:
+        out = tmp_path / "out.txt"
+        forked = server.spawn(
+            [sys.executable, "-c", "print('x')"], dict(os.environ), str(out), None
+        )  # '-c' is not a script: refused, started the usual way
+        assert isinstance(forked, subprocess.Popen)
+        assert forked.wait(30) == 0 and out.read_text() == "x\n"
+        script = tmp_path / "exit3.py"
+        script.write_text("import sys, os\nprint(os.environ['ONLY_HERE'])\nsys.exit(3)\n")
+        proc = server.spawn(
+            [sys.executable, "-u", str(script)], {"ONLY_HERE": "yes"}, str(out), None
+        )
+        assert isinstance(proc, ForkedProc)
+        assert proc.wait(30) == 3 and out.read_text() == "yes\n"
+    finally:
+        server.close()
+    assert server._proc.poll() is not None
+
+
+def test_a_module_the_server_cannot_import_stops_the_launcher_before_any_worker(
+    launch, marker_dir: Path
+) -> None:
+    launcher = launch(
+        [
+            "--nproc-per-node",
+            "1",
+            *FAST_FT_FLAGS,
+            "--ft-preimport",
+            "no_such_module_xyz",
+            str(WORKER),
+            "--marker-dir",
+            str(marker_dir),
+        ]
+    )
+    assert launcher.wait(60) == 1, launcher.log()
+    log = launcher.log()
+    assert "no_such_module_xyz" in log and "fork server exited" in log
+    assert list(marker_dir.iterdir()) == []
