@@ -7,12 +7,14 @@ for tests and for users who build their own launcher on torch's elastic agent.
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
 from resiliency.launcher.cli import main
 from resiliency.launcher.errors import (
+    ForkServerError,
     HealthCheckError,
     LauncherConfigError,
     LauncherError,
     TorchVersionError,
 )
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.fork_server import ForkServer
 from resiliency.launcher.health import (
     CallableHealthCheck,
     CommandHealthCheck,
@@ -39,6 +41,8 @@ __all__ = [
     "CommandHealthCheck",
     "Decision",
     "ExitCode",
+    "ForkServer",
+    "ForkServerError",
     "FreshStoreRendezvousHandler",
     "FtElasticAgent",
     "GroupObservation",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ForkServerError",
     "HealthCheckError",
     "LauncherConfigError",
     "LauncherError",
@@ -24,3 +25,7 @@ class TorchVersionError(LauncherError):
 
 class HealthCheckError(LauncherError):
     """A node health check could not be set up (unknown callable, empty command)."""
+
+
+class ForkServerError(LauncherError):
+    """The fork server (``--ft-preimport``) could not start, or stopped answering."""

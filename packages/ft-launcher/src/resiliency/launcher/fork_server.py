@@ -28,18 +28,14 @@ import time
 from typing import Any
 
 from resiliency.launcher._fork_server_main import recv_frame, send_frame
-from resiliency.launcher.errors import LauncherError
+from resiliency.launcher.errors import ForkServerError
 
-__all__ = ["ForkServer", "ForkServerError", "ForkedHandler", "ForkedProc"]
+__all__ = ["ForkServer", "ForkedHandler", "ForkedProc"]
 
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # importing torch and Lightning on a loaded node can take a minute
 _REPLY_TIMEOUT_S = 30.0
-
-
-class ForkServerError(LauncherError):
-    """The fork server could not start, or stopped answering."""
 
 
 class ForkedProc:

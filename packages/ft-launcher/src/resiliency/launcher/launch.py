@@ -20,8 +20,9 @@ from torch.distributed.run import parse_min_max_nnodes
 from resiliency.ft import FaultToleranceConfig
 from resiliency.launcher._torch_compat import run_launch_agent
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
+from resiliency.launcher.errors import ForkServerError
 from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.fork_server import ForkServer, ForkServerError
+from resiliency.launcher.fork_server import ForkServer
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import (
     CallableHealthCheck,
