@@ -3,9 +3,9 @@
 It becomes what ``python [-u] SCRIPT ARGS`` (or ``python [-u] -m MODULE ARGS``) would have
 started: its own session (torch's launcher starts workers with ``start_new_session``), the
 worker's environment and working directory, stdout/stderr on the files torch redirects them
-to, fresh random seeds (a fork would otherwise share the server's), then the script as
-``__main__``. At the end it does what the interpreter does at exit: waits for non-daemon
-threads, runs ``atexit`` handlers, flushes, and exits with the script's code.
+to, Python's and NumPy's random seeds drawn afresh (a fork would otherwise share the server's),
+then the script as ``__main__``. At the end it does what the interpreter does at exit: waits
+for non-daemon threads, runs ``atexit`` handlers, flushes, and exits with the script's code.
 """
 
 from __future__ import annotations
@@ -61,17 +61,18 @@ def _redirect(path: Any, fd: int) -> None:
         os.close(target)
 
 
-def _reseed() -> None:
+def _as_if_fresh() -> None:
+    """Undo what a fork shares with the server and a new interpreter would not have."""
+    # A new interpreter seeds these from the OS; torch's generator starts from its fixed
+    # default seed, which the fork already has.
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))  # read by torch at import, in the server
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # torch read it at import, in the server
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -102,7 +103,7 @@ def run(request: dict[str, Any], server_fd: int) -> None:
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, io.TextIOWrapper):
                     stream.reconfigure(line_buffering=True, write_through=True)
-        _reseed()
+        _as_if_fresh()
         sys.argv = [target, *args]
         try:
             if kind == "module":

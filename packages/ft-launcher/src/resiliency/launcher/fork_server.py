@@ -202,6 +202,10 @@ class ForkServer:
                     )
                 self._exited.wait(left)
             reply = self._replies.pop(0)
+            if reply.get("t") == "spawned":
+                # A reused pid: the old process's exit was reported (and reaped) before the
+                # kernel could hand its pid out again, so an entry here is stale.
+                self._exits.pop(int(reply["pid"]), None)
         if reply.get("t") == "spawned":
             return ForkedProc(self, int(reply["pid"]))
         logger.warning("fork server: %s; starting the worker as a new process", reply.get("why"))
