@@ -163,3 +163,25 @@ def test_stack_dump_request_without_a_worker_answers_none(start_monitor):
     monitor.proc.request_stack_dump()
     event = monitor.wait_event("stacks")
     assert event.stack_dump is None and event.raw.get("msg") == "no connected worker to dump"
+
+
+def test_after_a_stop_the_next_worker_may_connect_before_it_is_announced(start_monitor, spawn_rank):
+    # A worker forked from ft-launcher's fork server connects within milliseconds, before the
+    # launcher has told the monitor its pid: it must be adopted, not refused as a stranger.
+    monitor = start_monitor(rank_heartbeat_timeout=30.0)
+    first = spawn_rank("client.send_heartbeat()\ntime.sleep(60)\n", monitor, rank=0)
+    monitor.wait_event("rank_connected", pid=first.pid)
+    monitor.proc.worker_stopped()
+    first.popen.kill()
+    first.popen.wait(10)
+    second = spawn_rank(
+        "client.send_heartbeat()\nclient.shutdown_workload_monitoring()\n",
+        monitor,
+        rank=0,
+        restart=1,
+        announce=False,
+    )
+    monitor.wait_event("rank_connected", pid=second.pid)
+    monitor.proc.worker_started(second.pid)  # the launcher's announcement, after the connect
+    assert second.wait() == 0, second.output()
+    assert "refused" not in monitor.log()

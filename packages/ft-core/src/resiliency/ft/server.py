@@ -377,6 +377,9 @@ class RankMonitorServer(SocketLoop):
         if self._watch is not None:
             logger.info("the launcher stopped %s; its timers are disarmed", self._who())
         self._watch = None
+        # The next worker may connect before the launcher announces it (a worker forked from a
+        # pre-imported server starts in milliseconds): it is adopted, not refused as a stranger.
+        self._worker_pid = None
 
     def _dump_stacks(self, now: float) -> None:
         """Collect the worker's stacks for the controller without stopping it (``stacks`` event).
