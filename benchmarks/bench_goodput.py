@@ -10,8 +10,9 @@ plan, the same gloo timeout, the same step time and the same persistent checkpoi
 1. ``torchrun --max-restarts`` + Lightning with its standard ``ModelCheckpoint``;
 2. ``ft-launcher`` + resiliency's callbacks: heartbeats (hang detection), asynchronous verified
    checkpoints in two tiers (node-local every ``--local-every`` steps with a replica on the other
-   node, persistent every ``--persistent-every`` steps, as setup 1) and the agreed emergency
-   checkpoint on preemption.
+   node, persistent every ``--persistent-every`` steps, as setup 1), the agreed emergency
+   checkpoint on preemption, and workers forked from a fork server that imported torch and
+   Lightning once per node (``--ft-preimport``).
 
 Both write the same goodput ledger (setup 1 through a passive callback that only records), and
 ``resiliency.goodput.compute`` reads both. The simulator plays the scheduler: a node whose
@@ -48,7 +49,8 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "_goodput_job.py"
 SETUPS = {
     "torchrun": "torchrun --max-restarts + Lightning ModelCheckpoint (torch.save)",
-    "toolkit": "ft-launcher + resiliency callbacks (heartbeats, async + emergency checkpoints)",
+    "toolkit": "ft-launcher --ft-preimport + resiliency callbacks (heartbeats, async + "
+    "emergency checkpoints)",
 }
 FT_FLAGS = [
     "--monitor-interval",
@@ -66,6 +68,9 @@ FT_FLAGS = [
     "--term-timeout",
     "30",
     "--no-gpu-health-check",
+    # Workers of every restart forked from a server that imported these once per node.
+    "--ft-preimport",
+    "torch,lightning,resiliency.ptl",
 ]
 
 

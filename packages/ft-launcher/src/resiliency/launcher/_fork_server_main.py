@@ -12,6 +12,12 @@ modules, then serves requests on the socket ``FD`` (length-prefixed JSON, never 
 
 It stays single-threaded (a fork from a process with other threads can deadlock the child) and
 ends when the launcher's end of the socket closes, or the launcher dies.
+
+Linux keeps, in ``/proc/<pid>/environ``, the environment a process was executed with, so a
+forked worker shows the server's there. Tools that find ranks from outside (the simulator)
+read the worker's own environment from ``$RESILIENCY_FORKED_ENVIRON_DIR/<pid>`` instead (same
+format: ``KEY=VALUE`` entries, each ending in a NUL byte). The worker writes that file before it
+runs the script; the server removes it when it reaps the worker.
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        _forked_worker.forget_environ(pid)
         send_frame(sock, {"t": "exit", "pid": pid, "code": _returncode(status)})
 
 

@@ -6,6 +6,9 @@ worker's environment and working directory, stdout/stderr on the files torch red
 to, Python's and NumPy's random seeds drawn afresh (a fork would otherwise share the server's),
 then the script as ``__main__``. At the end it does what the interpreter does at exit: waits
 for non-daemon threads, runs ``atexit`` handlers, flushes, and exits with the script's code.
+
+Its environment is also published in ``$RESILIENCY_FORKED_ENVIRON_DIR/<pid>`` (see
+``_fork_server_main``), since ``/proc/<pid>/environ`` still shows the server's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ import runpy
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any
+
+#: Set in the fork server's environment: the directory where each forked worker publishes its
+#: own environment as ``<pid>`` (``KEY=VALUE`` entries, each ending in a NUL byte).
+ENVIRON_DIR_VAR = "RESILIENCY_FORKED_ENVIRON_DIR"
 
 
 def _command(argv: list[str]) -> tuple[bool, str, str, list[str]] | str:
@@ -52,6 +60,27 @@ def check(request: dict[str, Any]) -> str:
         return "env must map strings to strings"
     parsed = _command(argv)
     return parsed if isinstance(parsed, str) else ""
+
+
+def _publish_environ(directory: str, env: dict[str, str]) -> None:
+    """Write ``env`` as ``directory/<pid>`` (atomically, readable by this user only)."""
+    pid = os.getpid()
+    tmp = Path(directory) / f".{pid}.tmp"
+    data = b"".join(f"{k}={v}".encode(errors="surrogateescape") + b"\0" for k, v in env.items())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, Path(directory) / str(pid))
+
+
+def forget_environ(pid: int) -> None:
+    """Remove what a reaped worker published (the server calls this)."""
+    directory = os.environ.get(ENVIRON_DIR_VAR)
+    if directory:
+        with contextlib.suppress(OSError):
+            (Path(directory) / str(pid)).unlink()
 
 
 def _redirect(path: Any, fd: int) -> None:
@@ -93,12 +122,21 @@ def run(request: dict[str, Any], server_fd: int) -> None:
         parsed = _command(request["argv"])
         assert not isinstance(parsed, str)  # checked by the server before the fork
         unbuffered, kind, target, args = parsed
+        published = os.environ.get(ENVIRON_DIR_VAR)
         os.environ.clear()
         os.environ.update(request["env"])
         if request.get("cwd"):
             os.chdir(request["cwd"])
         _redirect(request.get("stdout"), 1)
         _redirect(request.get("stderr"), 2)
+        if published:
+            try:
+                _publish_environ(published, request["env"])
+            except OSError as exc:  # only tools outside the job lose sight of this worker
+                print(
+                    f"ft-launcher fork server: cannot publish the environment: {exc}",
+                    file=sys.stderr,
+                )
         if unbuffered or os.environ.get("PYTHONUNBUFFERED"):
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, io.TextIOWrapper):

@@ -19,15 +19,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
 
 from resiliency.launcher._fork_server_main import recv_frame, send_frame
+from resiliency.launcher._forked_worker import ENVIRON_DIR_VAR
 from resiliency.launcher.errors import ForkServerError
 
 __all__ = ["ForkServer", "ForkedHandler", "ForkedProc"]
@@ -110,6 +113,8 @@ class ForkServer:
         self._replies: list[dict[str, Any]] = []
         self._alive = False
         self._sock, theirs = socket.socketpair()
+        # Where forked workers publish their environment for tools outside the job.
+        self.environ_dir = tempfile.mkdtemp(prefix="ft-forked-environ-")
         started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
@@ -121,9 +126,11 @@ class ForkServer:
                     ",".join(modules),
                 ],
                 pass_fds=(theirs.fileno(),),
+                env={**os.environ, ENVIRON_DIR_VAR: self.environ_dir},
             )
         except OSError as exc:
             self._sock.close()
+            shutil.rmtree(self.environ_dir, ignore_errors=True)
             raise ForkServerError(f"cannot start the fork server: {exc}") from exc
         finally:
             theirs.close()
@@ -272,6 +279,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        shutil.rmtree(self.environ_dir, ignore_errors=True)
 
 
 def _exists(pid: int) -> bool:

@@ -12,6 +12,10 @@ logger = logging.getLogger(__name__)
 
 _PROC = Path("/proc")
 
+#: ft-launcher's fork server sets this in its environment, which its forked workers show in
+#: ``/proc/<pid>/environ``; each worker publishes its own environment as ``<dir>/<pid>``.
+FORKED_ENVIRON_DIR_VAR = "RESILIENCY_FORKED_ENVIRON_DIR"
+
 
 @dataclass(frozen=True)
 class Proc:
@@ -60,9 +64,21 @@ def descendants(root: int) -> list[Proc]:
 
 
 def environment(pid: int) -> dict[str, str]:
-    """The environment ``pid`` was started with; empty when it cannot be read."""
+    """The environment ``pid`` was started with; empty when it cannot be read.
+
+    A worker forked by ft-launcher's fork server (``--ft-preimport``) still shows the server's
+    environment in /proc; its own is the one it published (see ``FORKED_ENVIRON_DIR_VAR``).
+    """
+    env = _parse_environ(_PROC / str(pid) / "environ")
+    published = env.get(FORKED_ENVIRON_DIR_VAR)
+    if published:
+        return _parse_environ(Path(published) / str(pid)) or env
+    return env
+
+
+def _parse_environ(path: Path) -> dict[str, str]:
     try:
-        raw = (_PROC / str(pid) / "environ").read_bytes()
+        raw = path.read_bytes()
     except OSError:
         return {}
     env: dict[str, str] = {}
