@@ -64,7 +64,7 @@ FT_FLAGS = [
     "--ft-termination-grace-period",
     "2",
     "--workers-stop-timeout",
-    "5",
+    "3",
     "--term-timeout",
     "30",
     "--no-gpu-health-check",

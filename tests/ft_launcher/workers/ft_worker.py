@@ -62,6 +62,19 @@ def main() -> int:
             sys.exit(0)
 
         signal.signal(signal.SIGTERM, _exit)
+    elif args.mode == "crash_reads_stop_mark":
+        # Like an emergency-checkpoint handler: the launcher's stop mark says whether this
+        # SIGTERM is a preemption (keep running to save) or the launcher's own stop (die).
+        stop_mark = Path(os.environ["RESILIENCY_EXIT_INFO_DIR"]) / "launcher_stopping"
+
+        def _on_term(signum: int, frame: object) -> None:
+            if stop_mark.read_bytes()[:1] == b"\1":
+                mark(marker, f"launcherstop-{RANK}-{ATTEMPT}")
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+            mark(marker, f"preemption-{RANK}-{ATTEMPT}")
+
+        signal.signal(signal.SIGTERM, _on_term)
     if args.mode in ("ignore_sigterm", "exit_on_sigterm"):
         mark(marker, f"armed-{RANK}-{ATTEMPT}")  # the SIGTERM handler is in place
     if args.mode == "child_ignores_sigterm":
@@ -80,7 +93,7 @@ def main() -> int:
             if mode in ("hang_hb", "hang_in_section"):
                 mark(marker, f"hang-{RANK}-{ATTEMPT}")
                 time.sleep(3600)
-            elif mode == "crash":
+            elif mode in ("crash", "crash_reads_stop_mark"):
                 os._exit(7)
             elif mode == "exception":
                 raise RuntimeError(f"injected failure on rank {RANK} at step {step}")

@@ -25,57 +25,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import json
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 from typing import Any
 
 from resiliency.launcher import _forked_worker
+from resiliency.launcher._frames import recv_frame, send_frame
 
-_HEADER = struct.Struct(">I")
-_MAX_FRAME = 64 << 20
 _PR_SET_PDEATHSIG = 1
-
-
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Send one length-prefixed JSON frame."""
-    data = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """Receive one frame; None when the peer closed the socket.
-
-    Raises:
-        ValueError: an oversized or malformed frame.
-    """
-    header = _recv_exact(sock, _HEADER.size)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    if size > _MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes")
-    data = _recv_exact(sock, size)
-    if data is None:
-        return None
-    message = json.loads(data)
-    if not isinstance(message, dict):
-        raise ValueError("a frame is not a JSON object")
-    return message
 
 
 def _die_with_parent() -> None:

@@ -38,6 +38,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,6 +50,9 @@ from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig
 
 from resiliency.launcher.errors import TorchVersionError
+
+# Bound on the wait for a SIGKILLed worker: one in uninterruptible sleep cannot be reaped.
+_KILL_WAIT_S = 10.0
 
 __all__ = [
     "MIN_TORCH",
@@ -297,6 +301,37 @@ class CompatAgent(LocalElasticAgent):
     def worker_group(self) -> WorkerGroup:
         """The agent's (single) worker group."""
         return self.get_worker_group()
+
+    def stop_running_workers(self, timeout: float) -> list[int]:
+        """SIGTERM the workers still running, SIGKILL any left after ``timeout`` seconds.
+
+        Only for workers started as processes (torch's ``SubprocessContext``); returns the local
+        ranks that were still running. torch's context would do the same once it sees the
+        failure, but with a fixed 30 s and no say in how the workers read the signal.
+        """
+        pcontext = self._pcontext
+        handlers = getattr(pcontext, "subprocess_handlers", None) if pcontext else None
+        if not handlers:
+            return []
+        running = {lr: h for lr, h in handlers.items() if h.proc.poll() is None}
+        for handler in running.values():
+            handler.close(death_sig=signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for handler in running.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                handler.proc.wait(max(0.0, deadline - time.monotonic()))
+        for local_rank, handler in running.items():
+            if handler.proc.poll() is None:
+                logger.warning(
+                    "local rank %d (pid %d) still runs %.1f s after SIGTERM; sending SIGKILL",
+                    local_rank,
+                    handler.proc.pid,
+                    timeout,
+                )
+                handler.close(death_sig=signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    handler.proc.wait(_KILL_WAIT_S)
+        return sorted(running)
 
     def worker_returncodes(self) -> dict[int, int | None]:
         """Return local rank -> exit code (None while running) of the current workers."""

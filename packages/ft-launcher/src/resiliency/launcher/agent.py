@@ -34,9 +34,11 @@ from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState
 from resiliency.launcher.preemption import (
+    PREEMPTED_EXIT_CODE,
     env_for,
     is_preempted,
     launcher_stopping,
+    worker_codes,
 )
 from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState
@@ -199,6 +201,7 @@ class FtElasticAgent(CompatAgent):
     # --- monitoring ---------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._handle_events(self._monitors.poll_events())
+        self._stop_survivors_of_a_failure()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             self._note_worker_failures(result)
@@ -223,6 +226,30 @@ class FtElasticAgent(CompatAgent):
             }
             result = RunResult(state=WorkerState.FAILED, failures=failures)
         return result
+
+    def _stop_survivors_of_a_failure(self) -> None:
+        """A worker failed: stop the others now, as a stop of the launcher's own.
+
+        torch's process context stops them itself once it sees the failure: SIGTERM, and 30 s
+        before SIGKILL. A surviving rank would take that SIGTERM for a preemption and start an
+        emergency save its failed peer can never join, so the restart waited for the rank to
+        be killed. Here the stop mark is set first (the rank dies on SIGTERM as without the
+        toolkit) and the wait is ``--workers-stop-timeout``. A worker that exited after a
+        preemption (75, or SIGTERM from outside) is left to the preemption path.
+        """
+        codes = worker_codes(self)
+        ended = [code for code in codes.values() if code is not None]
+        if not any(code != 0 for code in ended) or len(ended) == len(codes):
+            return
+        if any(code in (PREEMPTED_EXIT_CODE, -signal.SIGTERM) for code in ended):
+            return
+        launcher_stopping(self._settings.preemption, True)
+        stopped = self.stop_running_workers(self._settings.workers_stop_timeout)
+        logger.info(
+            "a worker failed: stopped local rank(s) %s (SIGTERM, SIGKILL after %.1f s)",
+            ",".join(map(str, stopped)),
+            self._settings.workers_stop_timeout,
+        )
 
     def _note_worker_failures(self, result: RunResult) -> None:
         # The monitor reports a hang before it signals the rank, so a rank it killed already has

@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any
 
-from resiliency.launcher._fork_server_main import recv_frame, send_frame
 from resiliency.launcher._forked_worker import ENVIRON_DIR_VAR
+from resiliency.launcher._frames import recv_frame, send_frame
 from resiliency.launcher.errors import ForkServerError
 
 __all__ = ["ForkServer", "ForkedHandler", "ForkedProc"]
