@@ -147,7 +147,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     model = _Model(args.step_time, args.width)
-    data = DataLoader(_Random(args.steps * 64), batch_size=8)
+    # One epoch is exactly max_steps on every rank. The sampler builds a list of every index at
+    # each start, so an oversized dataset costs seconds per restart (5 s for 6.4 M samples here).
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    data = DataLoader(_Random(args.steps * 8 * world), batch_size=8)
     strategy = DDPStrategy(
         process_group_backend="gloo", timeout=timedelta(seconds=args.gloo_timeout)
     )

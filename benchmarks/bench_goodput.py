@@ -63,8 +63,10 @@ FT_FLAGS = [
     "1",
     "--ft-termination-grace-period",
     "2",
+    # The launcher's own stop (a restart): SIGTERM, then SIGKILL after 1 s. A rank waiting in
+    # a collective for a dead peer cannot run its SIGTERM handler anyway.
     "--workers-stop-timeout",
-    "3",
+    "1",
     "--term-timeout",
     "30",
     "--no-gpu-health-check",
@@ -107,6 +109,10 @@ def _command(
         str(ckpt),
         "--step-time",
         str(args.step_time),
+        # More steps than the run can reach: the dataset (and its sampler's index list, built
+        # at every start) is sized from this.
+        "--steps",
+        str(int(2 * args.duration / args.step_time) + 100),
         "--persistent-every",
         str(args.persistent_every),
         "--gloo-timeout",

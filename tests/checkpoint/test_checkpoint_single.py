@@ -159,3 +159,20 @@ def test_a_changed_structure_is_planned_again(manager: CheckpointManager):
     target = {"x": torch.zeros(8), "lr": 0.0}
     assert manager.load(target) == 3
     assert bool((target["x"] == 3).all()) and target["lr"] == 0.3
+
+
+def test_a_lazy_writer_starts_at_the_first_save(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt", eager_writer=False)
+    try:
+        assert mgr.writer_pid is None  # nothing imports torch beside the job at start-up
+        app = _app(3)
+        mgr.save(1, {"app": app})
+        mgr.wait()
+        assert mgr.writer_pid is not None and os.path.exists(f"/proc/{mgr.writer_pid}")
+        assert mgr.steps() == [1]
+        fresh = _app(4)
+        assert mgr.load({"app": fresh}) == 1
+        assert torch.equal(fresh.model.weight, app.model.weight)
+    finally:
+        mgr.close()
+    assert mgr.writer_pid is None

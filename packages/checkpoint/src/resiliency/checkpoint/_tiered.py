@@ -109,6 +109,9 @@ class TieredCheckpoints:
                 async_save=async_save,
                 process_group=process_group,
                 writer_timeout_s=writer_timeout_s,
+                # After a restart every rank starts its writers at once, each importing torch;
+                # the local tier's saves come first and often, so only its writer starts now.
+                eager_writer=self.local_tier is None,
             )
         self.local: LocalSaver | None = None
         if self.local_tier is not None:

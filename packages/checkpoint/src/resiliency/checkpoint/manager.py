@@ -82,6 +82,9 @@ class CheckpointManager:
         process_group: the ranks that save together (default: the whole job).
         writer_timeout_s: bound on one save's writing; a writer silent for longer is killed
             and the save fails on every rank with ``WriterFailedError``.
+        eager_writer: start the writer process now, so its imports overlap the job's start-up
+            (default); False starts it at the first save. With ``tiers``, the persistent
+            tier's writer starts at its first save when a local tier saves first.
         tier: the goodput tier name of this manager's saves.
         tiers: save on several tiers, each on its own cadence, e.g.
             ``[LocalTier("/dev/shm/ckpt", every=10), PersistentTier("/shared/ckpt", every=500)]``
@@ -100,6 +103,7 @@ class CheckpointManager:
         writer_timeout_s: float = 600.0,
         tier: str = "persistent",
         tiers: Sequence[Any] | None = None,
+        eager_writer: bool = True,
     ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -126,7 +130,7 @@ class CheckpointManager:
         if self.rank == 0:
             _layout.remove_stale(self.root)
         self._arena = _staging.Arena()
-        self._writer: WriterProcess | None = WriterProcess()
+        self._writer: WriterProcess | None = WriterProcess() if eager_writer else None
         self._inflight: Save | None = None
         self._plan_cache = _dcp.PlanCache()
         self._staging_key: tuple[int, int] | None = None
