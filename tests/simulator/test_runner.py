@@ -56,3 +56,26 @@ def test_a_storage_fault_with_no_checkpoint_in_time_is_recorded_not_raised(
     (injection,), _ = _run(ckpt, save_after_s=30.0, wait_s=1.0, duration_s=3.0)
     assert injection.error is not None
     assert "no committed checkpoint" in injection.error and "torn_checkpoint" in injection.error
+
+
+# A "launcher" that takes 2 s to stop after SIGTERM, as one saving an emergency checkpoint does.
+SLOW_TO_STOP = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2.0), sys.exit(0)))
+time.sleep(60)
+"""
+
+
+def test_a_preemption_is_timed_at_its_sigterm_not_when_the_node_is_gone() -> None:
+    runner = JobRunner(RunnerOptions(command=[sys.executable, "-c", SLOW_TO_STOP], grace_s=30.0))
+    plan = FaultPlan(
+        seed=0,
+        mtbf=1.0,
+        keep_alive=0.0,
+        faults=(Fault(at_s=1.0, kind="preempt", victim=0, seed=0),),
+    )
+    (injection,) = runner.run(plan, duration_s=5.0)
+    assert not injection.error, injection.error
+    assert "all exited within" in injection.action
+    # Due at 1 s; the node took 2 s more to go: the fault happened when the SIGTERM was sent.
+    assert injection.injected_mono - runner.t0 < 2.5

@@ -190,18 +190,22 @@ class JobRunner:
     def inject(self, fault: Fault) -> Injection:
         """Inject one fault now; a failure to inject is recorded, never raised."""
         record = Injection(fault=fault, injected_mono=time.monotonic(), injected_wall=time.time())
+
+        def acting() -> None:
+            # The time it acts: after any wait for its victim or a first checkpoint, and before
+            # an action that itself waits (a preemption's grace period).
+            record.injected_mono, record.injected_wall = time.monotonic(), time.time()
+
         try:
-            record.victim, record.action = self._inject(fault)
+            record.victim, record.action = self._inject(fault, acting)
         except (InjectionError, OSError) as exc:
             record.error = str(exc)
             logger.warning("fault %s not injected: %s", fault.describe(), exc)
         else:
-            # The injection may have waited for its victim or for a first checkpoint.
-            record.injected_mono, record.injected_wall = time.monotonic(), time.time()
             logger.warning("injected %s into %s: %s", fault.kind, record.victim, record.action)
         return record
 
-    def _inject(self, fault: Fault) -> tuple[str, str]:
+    def _inject(self, fault: Fault, acting: Callable[[], None]) -> tuple[str, str]:
         opts = self.options
         if fault.kind in NODE_FAULTS:
             live = self._live_nodes()
@@ -209,6 +213,7 @@ class JobRunner:
                 raise InjectionError(f"no live node to {fault.kind}")
             node = live[fault.victim % len(live)]
             proc = self._procs[node]
+            acting()
             if fault.kind == "preempt":
                 action = preempt_node(proc, opts.grace_s)
             else:
@@ -223,10 +228,12 @@ class JobRunner:
             if opts.ckpt_dir is None:
                 raise InjectionError(f"{fault.kind} needs --ckpt-dir")
             self._wait_for_first_checkpoint(fault, opts.ckpt_dir)
+            acting()
             if fault.kind == "torn_checkpoint":
                 return str(opts.ckpt_dir), tear_newest_file(opts.ckpt_dir, fault.seed)
             return str(opts.ckpt_dir), fill_disk(opts.ckpt_dir, opts.disk_full_hold_s)
         rank, proc = self._victim_rank(fault)
+        acting()
         if fault.kind == "slow":
             slow = SlowDown(proc, ratio=opts.slow_ratio, duration_s=opts.slow_duration_s)
             slow.start()
