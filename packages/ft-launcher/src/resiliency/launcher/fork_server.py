@@ -273,6 +273,10 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the server (its workers are the agent's to stop)."""
+        # shutdown, not only close: the reader thread is blocked in recv on this socket, which
+        # keeps it open in the kernel, so the server would never see the end of the stream.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
             self._proc.wait(timeout=10)
