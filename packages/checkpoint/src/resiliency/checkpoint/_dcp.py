@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 
-from . import _json_collectives, _plan_codec
+from . import _json_collectives, _plan_codec, _staging
 
 try:  # the file-system writer's storage records (private in every torch 2.x)
     from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
@@ -370,6 +370,27 @@ class _ArenaPlanner:
     def resolve_data(self, item: WriteItem) -> Any:
         value = self._data[item.index]
         return io.BytesIO(bytes(value)) if item.type == WriteItemType.BYTE_IO else value
+
+
+def arena_items(items_json: list[dict[str, Any]], buf: Any) -> list[tuple[WriteItem, Any]]:
+    """The write items of a save request, each with its data in the staging arena ``buf``.
+
+    Raises:
+        ValueError: an item lies outside the arena.
+    """
+    items: list[tuple[WriteItem, Any]] = []
+    for d in items_json:
+        item = item_from_json(d)
+        at, nbytes = int(d["at"]), int(d["nbytes"])
+        if at < 0 or at + nbytes > len(buf):
+            raise ValueError(f"item {d['fqn']} lies outside the arena")
+        if item.tensor_data is None:
+            value: Any = memoryview(buf)[at : at + nbytes]
+        else:
+            dtype = item.tensor_data.properties.dtype
+            value = _staging.tensor_at(buf, at, nbytes, dtype, d["chunk_sizes"])
+        items.append((item, value))
+    return items
 
 
 def write_files(

@@ -2,7 +2,9 @@
 
 Each rank saves its OWN full state (no cross-rank de-duplication, so a rank can restore from its
 shard alone) as a one-rank DCP checkpoint, written by its own persistent writer process from a
-shared-memory arena, exactly like the persistent tier. Off the training thread, the rank then
+shared-memory arena, exactly like the persistent tier (while that writer is still starting, after
+a restart, the completion thread writes the save itself from the same arena). Off the training
+thread, the rank then
 
 1. agrees on the save's nonce (rank 0's, broadcast on the replication group);
 2. writes DCP's ``.metadata`` and the shard's manifest (sizes, CRC-32s, nonce, shard = rank);
@@ -64,6 +66,9 @@ class LocalSave:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     thread: threading.Thread | None = None
+    # The request the rank writes itself, off the training thread, because its writer was
+    # still starting (None: the writer process has it).
+    in_process: dict[str, Any] | None = None
 
     def fail(self, message: str, writer: bool = False) -> None:
         if not self.failed:
@@ -181,29 +186,33 @@ class LocalSaver:
             if self._writer is not None:
                 self._writer.kill()
             self._writer = WriterProcess()
-        # No wait for the writer's start-up here: what is sent waits in its socket, and the
-        # completion thread waits for it to be ready. A writer still importing torch (at the
-        # first save after a restart, on a busy node) does not block the training step.
+        # No wait for the writer's start-up here: a writer still importing torch (at the first
+        # save after a restart, on a busy node) must not block the training step.
         items = plan.items()
         values = [plan.resolve(item) for item in items]
         slots, total = _staging.layout(values)
         self._arena.ensure(total)
-        if self._writer.arena_generation != self._arena.generation:
-            self._writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
         _staging.stage(self._arena, values, slots)
         del values
-        self._writer.send(
-            {
-                "type": "save",
-                "job": save.tmp.name,
-                "dir": str(save.tmp),
-                "prefix": plan.prefix,
-                "items": [
-                    _dcp.item_to_json(item, slot.offset, slot.nbytes)
-                    for item, slot in zip(items, slots, strict=True)
-                ],
-            }
-        )
+        request = {
+            "type": "save",
+            "job": save.tmp.name,
+            "dir": str(save.tmp),
+            "prefix": plan.prefix,
+            "items": [
+                _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                for item, slot in zip(items, slots, strict=True)
+            ],
+        }
+        if not self._writer.poll_ready():
+            # After a restart the writer imports torch beside every other rank's processes
+            # (seconds on a busy node), and the next save would block the training step on this
+            # one. The completion thread writes this save itself instead.
+            save.in_process = request
+            return
+        if self._writer.arena_generation != self._arena.generation:
+            self._writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
+        self._writer.send(request)
 
     def wait_previous(self, timeout: float | None = None) -> None:
         """Wait for the save in flight; raise its (agreed) failure once."""
@@ -224,15 +233,20 @@ class LocalSaver:
     def _local_part(self, save: LocalSave) -> dict[str, Any] | None:
         if save.failed or self._writer is None:
             return None
-        try:
-            self._writer.wait_ready(
-                save.handed_over + max(STARTUP_TIMEOUT_S, self.writer_timeout_s)
-            )
-            reply = self._writer.recv(time.monotonic() + self.writer_timeout_s)
-        except (WriterDiedError, WriterHungError, _protocol.ProtocolError) as exc:
-            self._writer.kill()
-            save.fail(f"rank {self.rank}: local-tier writer failed: {exc}", writer=True)
-            return None
+        if save.in_process is not None:
+            reply = self._write_in_process(save, save.in_process)
+            if reply is None:
+                return None
+        else:
+            try:
+                self._writer.wait_ready(
+                    save.handed_over + max(STARTUP_TIMEOUT_S, self.writer_timeout_s)
+                )
+                reply = self._writer.recv(time.monotonic() + self.writer_timeout_s)
+            except (WriterDiedError, WriterHungError, _protocol.ProtocolError) as exc:
+                self._writer.kill()
+                save.fail(f"rank {self.rank}: local-tier writer failed: {exc}", writer=True)
+                return None
         if reply.get("type") == "error" or reply.get("job") != save.tmp.name:
             save.fail(f"rank {self.rank}: writing step {save.step} locally failed: {reply}")
             return None
@@ -241,6 +255,24 @@ class LocalSaver:
         size, crc = _layout.file_checksum(save.tmp / ".metadata")
         files[".metadata"] = {"size": size, _layout.CHECKSUM: crc}
         return files
+
+    def _write_in_process(self, save: LocalSave, request: dict[str, Any]) -> dict[str, Any] | None:
+        t0 = time.monotonic()
+        try:
+            items = _dcp.arena_items(request["items"], self._arena.mapping)
+            results, files = _dcp.write_files(save.tmp, str(request["prefix"]), items)
+            del items
+        except Exception as exc:
+            save.fail(f"rank {self.rank}: writing step {save.step} locally failed: {exc!r}")
+            return None
+        logger.info(
+            "rank %d: step %d written to the local tier by the rank itself in %.3f s (its "
+            "writer process was still starting)",
+            self.rank,
+            save.step,
+            time.monotonic() - t0,
+        )
+        return {"type": "done", "job": request["job"], "results": results, "files": files}
 
     def _nonce(self) -> str:
         value = torch.tensor([secrets.randbits(62)], dtype=torch.int64)

@@ -73,6 +73,12 @@ class Arena:
         logger.debug("staging arena of %d bytes allocated", new_size)
         return True
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The arena's memory (what a writer process maps from ``fd``)."""
+        assert self._map is not None, "the arena is empty"
+        return self._map
+
     def pin(self) -> None:
         """Register the arena as pinned host memory for CUDA copies (once per allocation)."""
         if self._pinned or self._bytes is None or not torch.cuda.is_available():

@@ -60,19 +60,7 @@ def _serve(sock: socket.socket) -> None:
         try:
             if arena is None:
                 raise _protocol.ProtocolError("save before any arena")
-            items = []
-            for d in message["items"]:
-                item = _dcp.item_from_json(d)
-                at, nbytes = int(d["at"]), int(d["nbytes"])
-                if at < 0 or at + nbytes > len(arena):
-                    raise _protocol.ProtocolError(f"item {d['fqn']} lies outside the arena")
-                if item.tensor_data is None:
-                    value: Any = memoryview(arena)[at : at + nbytes]
-                else:
-                    value = _staging.tensor_at(
-                        arena, at, nbytes, item.tensor_data.properties.dtype, d["chunk_sizes"]
-                    )
-                items.append((item, value))
+            items = _dcp.arena_items(message["items"], arena)
             results, files = _dcp.write_files(Path(message["dir"]), str(message["prefix"]), items)
             del items
             reply = {"type": "done", "job": job, "results": results, "files": files}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -94,6 +95,14 @@ class WriterProcess:
                 f"{_protocol.PROTOCOL_VERSION}"
             )
         self.ready = True
+
+    def poll_ready(self) -> bool:
+        """Whether the writer is ready, without waiting (reads its ``ready`` if it came)."""
+        if not self.ready:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if readable:  # its ready (or its EOF: wait_ready then raises WriterDiedError)
+                self.wait_ready(time.monotonic() + 5.0)
+        return self.ready
 
     def send_arena(self, fd: int, size: int, generation: int) -> None:
         self._send({"type": "arena", "size": size})
