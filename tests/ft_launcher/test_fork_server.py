@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from launcher_harness import FAST_FT_FLAGS, WORKER, markers
+from launcher_harness import FAST_FT_FLAGS, WORKER, markers, wait_for_markers
 
 from resiliency.launcher.fork_server import ForkedProc, ForkServer
 
@@ -131,3 +132,32 @@ def test_a_module_the_server_cannot_import_stops_the_launcher_before_any_worker(
     log = launcher.log()
     assert "no_such_module_xyz" in log and "fork server exited" in log
     assert list(marker_dir.iterdir()) == []
+
+
+def test_a_sigterm_to_the_launchers_process_group_ends_the_job_promptly(
+    launch, marker_dir: Path
+) -> None:
+    # A scheduler signals the whole group, fork server included: the server must outlive it to
+    # report the workers' exits, or the launcher waits out --term-timeout for them.
+    launcher = launch(
+        [
+            "--nproc-per-node",
+            "2",
+            *FAST_FT_FLAGS,
+            "--term-timeout",
+            "30",
+            "--ft-preimport",
+            "json",
+            str(WORKER),
+            "--mode",
+            "exit_on_sigterm",
+            "--marker-dir",
+            str(marker_dir),
+        ]
+    )
+    wait_for_markers(marker_dir, "armed", 2, 60)
+    started = time.monotonic()
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.log()
+    assert time.monotonic() - started < 15, launcher.log()
+    assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]

@@ -36,6 +36,7 @@ from resiliency.launcher import _forked_worker
 from resiliency.launcher._frames import recv_frame, send_frame
 
 _PR_SET_PDEATHSIG = 1
+_GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _die_with_parent() -> None:
@@ -100,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m resiliency.launcher._fork_server_main FD MODULES", file=sys.stderr)
         return 2
     _die_with_parent()
+    # A signal to the launcher's process group (a scheduler stopping the node) is for the
+    # launcher: the server must live on to report its workers' exits, and ends with the
+    # launcher (its socket's end, or the parent-death signal). Workers get the defaults back.
+    for signum in _GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=int(args[0]))
     for name in filter(None, args[1].split(",")):
         importlib.import_module(name)

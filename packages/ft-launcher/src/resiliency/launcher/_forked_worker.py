@@ -19,6 +19,7 @@ import io
 import os
 import random
 import runpy
+import signal
 import sys
 import threading
 import traceback
@@ -119,6 +120,10 @@ def run(request: dict[str, Any], server_fd: int) -> None:
     try:
         os.close(server_fd)
         os.setsid()
+        # The signal dispositions of a new interpreter (the server ignores the group's signals).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         parsed = _command(request["argv"])
         assert not isinstance(parsed, str)  # checked by the server before the fork
         unbuffered, kind, target, args = parsed

@@ -23,6 +23,9 @@ The private pieces this module wraps, each verified against the torch versions i
 * ``torch.distributed.elastic.multiprocessing.api.get_subprocess_handler``: the name torch's
   ``SubprocessContext`` starts each worker with; :func:`worker_handler_factory` points it at the
   fork server's handler while ``--ft-preimport`` workers start (signature checked).
+* ``PContext.close``: torch's context calls it without a timeout (a fixed 30 s before SIGKILL)
+  when it stops the other workers after one failed; :meth:`CompatAgent.bound_worker_close`
+  gives each new context's ``close`` the launcher's ``--workers-stop-timeout`` as its default.
 * ``torch.distributed.launcher.api.LocalElasticAgent``: the name ``launch_agent`` builds its
   agent from; :func:`run_launch_agent` points it at the launcher's agent for the one call, so
   torch's launcher path runs as under torchrun (``launch_agent(config, entrypoint, args)``
@@ -38,7 +41,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,9 +52,6 @@ from torch.distributed.launcher import api as launcher_api
 from torch.distributed.launcher.api import LaunchConfig
 
 from resiliency.launcher.errors import TorchVersionError
-
-# Bound on the wait for a SIGKILLed worker: one in uninterruptible sleep cannot be reaped.
-_KILL_WAIT_S = 10.0
 
 __all__ = [
     "MIN_TORCH",
@@ -302,36 +301,21 @@ class CompatAgent(LocalElasticAgent):
         """The agent's (single) worker group."""
         return self.get_worker_group()
 
-    def stop_running_workers(self, timeout: float) -> list[int]:
-        """SIGTERM the workers still running, SIGKILL any left after ``timeout`` seconds.
-
-        Only for workers started as processes (torch's ``SubprocessContext``); returns the local
-        ranks that were still running. torch's context would do the same once it sees the
-        failure, but with a fixed 30 s and no say in how the workers read the signal.
-        """
+    def bound_worker_close(self, seconds: float) -> None:
+        """Give the current workers ``seconds`` between SIGTERM and SIGKILL when torch's process
+        context stops them itself, after one failed (it calls ``close()`` without a timeout and
+        would wait a fixed 30 s). A close with an explicit timeout keeps it."""
         pcontext = self._pcontext
-        handlers = getattr(pcontext, "subprocess_handlers", None) if pcontext else None
-        if not handlers:
-            return []
-        running = {lr: h for lr, h in handlers.items() if h.proc.poll() is None}
-        for handler in running.values():
-            handler.close(death_sig=signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for handler in running.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                handler.proc.wait(max(0.0, deadline - time.monotonic()))
-        for local_rank, handler in running.items():
-            if handler.proc.poll() is None:
-                logger.warning(
-                    "local rank %d (pid %d) still runs %.1f s after SIGTERM; sending SIGKILL",
-                    local_rank,
-                    handler.proc.pid,
-                    timeout,
-                )
-                handler.close(death_sig=signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    handler.proc.wait(_KILL_WAIT_S)
-        return sorted(running)
+        if pcontext is None:
+            return
+        close = pcontext.close
+
+        def bounded_close(
+            death_sig: signal.Signals | None = None, timeout: float = seconds
+        ) -> None:
+            close(death_sig, timeout)  # type: ignore[arg-type]
+
+        pcontext.close = bounded_close  # type: ignore[method-assign]
 
     def worker_returncodes(self) -> dict[int, int | None]:
         """Return local rank -> exit code (None while running) of the current workers."""

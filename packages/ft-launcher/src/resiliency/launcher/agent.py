@@ -167,6 +167,7 @@ class FtElasticAgent(CompatAgent):
         else:
             with worker_handler_factory(self._settings.fork_server.make_handler):
                 pids = super()._start_workers(worker_group)
+        self.bound_worker_close(self._settings.workers_stop_timeout)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
         self._cycle = self._new_cycle()
         self.goodput.cycle_started(node=str(worker_group.group_rank))
@@ -201,7 +202,7 @@ class FtElasticAgent(CompatAgent):
     # --- monitoring ---------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._handle_events(self._monitors.poll_events())
-        self._stop_survivors_of_a_failure()
+        self._mark_stop_after_a_failure()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             self._note_worker_failures(result)
@@ -227,15 +228,15 @@ class FtElasticAgent(CompatAgent):
             result = RunResult(state=WorkerState.FAILED, failures=failures)
         return result
 
-    def _stop_survivors_of_a_failure(self) -> None:
-        """A worker failed: stop the others now, as a stop of the launcher's own.
+    def _mark_stop_after_a_failure(self) -> None:
+        """A worker failed: the SIGTERM torch is about to send the others is our own stop.
 
-        torch's process context stops them itself once it sees the failure: SIGTERM, and 30 s
-        before SIGKILL. A surviving rank would take that SIGTERM for a preemption and start an
-        emergency save its failed peer can never join, so the restart waited for the rank to
-        be killed. Here the stop mark is set first (the rank dies on SIGTERM as without the
-        toolkit) and the wait is ``--workers-stop-timeout``. A worker that exited after a
-        preemption (75, or SIGTERM from outside) is left to the preemption path.
+        torch's process context stops the surviving workers itself once it sees the failure.
+        Without the stop mark a surviving rank took that SIGTERM for a preemption and started
+        an emergency save its failed peer could never join, holding the restart up until it was
+        killed. The wait before SIGKILL is ``--workers-stop-timeout`` (``bound_worker_close``).
+        A worker that exited after a preemption (75, or SIGTERM from outside) is left to the
+        preemption path.
         """
         codes = worker_codes(self)
         ended = [code for code in codes.values() if code is not None]
@@ -244,12 +245,6 @@ class FtElasticAgent(CompatAgent):
         if any(code in (PREEMPTED_EXIT_CODE, -signal.SIGTERM) for code in ended):
             return
         launcher_stopping(self._settings.preemption, True)
-        stopped = self.stop_running_workers(self._settings.workers_stop_timeout)
-        logger.info(
-            "a worker failed: stopped local rank(s) %s (SIGTERM, SIGKILL after %.1f s)",
-            ",".join(map(str, stopped)),
-            self._settings.workers_stop_timeout,
-        )
 
     def _note_worker_failures(self, result: RunResult) -> None:
         # The monitor reports a hang before it signals the rank, so a rank it killed already has

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from resiliency.launcher._forked_worker import ENVIRON_DIR_VAR
@@ -287,13 +288,12 @@ class ForkServer:
 
 
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie nobody reaps, once its server died, has ended)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rindex(")") + 2 :][:1] not in ("Z", "X")
 
 
 def _popen(
