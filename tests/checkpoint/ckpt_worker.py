@@ -146,10 +146,18 @@ def _stop(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
 
+def _writer_ready(mgr: CheckpointManager) -> None:
+    """Wait until the writer process is up: saves before that are written by the rank itself."""
+    writer = mgr._writer
+    assert writer is not None
+    writer.wait_ready(writer.deadline(120))
+
+
 def kill_writer(rank: int, root: Path, out: Path) -> dict[str, Any]:
     """SIGKILL rank 0's writer mid-save: every rank gets WriterFailedError; recovery works."""
     t = Trainer(rank)
     mgr = CheckpointManager(root, keep_last=3, writer_timeout_s=30)
+    _writer_ready(mgr)
     mgr.save(1, {"app": t.app}).wait()
     t.step()
     victim = mgr.writer_pid if rank == 0 else None
@@ -180,6 +188,7 @@ def hang_writer(rank: int, root: Path, out: Path) -> dict[str, Any]:
     """Rank 1's writer hangs (SIGSTOP): both ranks fail within writer_timeout_s + grace."""
     t = Trainer(rank)
     mgr = CheckpointManager(root, keep_last=3, writer_timeout_s=3)
+    _writer_ready(mgr)
     mgr.save(1, {"app": t.app}).wait()
     victim = mgr.writer_pid if rank == 1 else None
     if victim:
@@ -259,6 +268,7 @@ def disk_full(rank: int, root: Path, out: Path) -> dict[str, Any]:
     big = os.environ.get("CKPT_TEST_BIG")
     t = Trainer(rank)
     mgr = CheckpointManager(root, keep_last=3, writer_timeout_s=30)
+    _writer_ready(mgr)
     mgr.save(1, {"app": t.app}).wait()
     t.step()
     state: dict[str, Any] = {"app": t.app}
@@ -294,6 +304,7 @@ def retention_inflight(rank: int, root: Path, out: Path) -> dict[str, Any]:
     """keep_last + keep_every; a no-op re-save; a new save waits for the one in flight."""
     t = Trainer(rank)
     mgr = CheckpointManager(root, keep_last=2, keep_every=4)
+    _writer_ready(mgr)
     for step in range(1, 9):
         t.step()
         mgr.save(step, {"app": t.app})

@@ -416,6 +416,20 @@ def write_files(
     return [result_to_json(r) for r in results], files
 
 
+def write_request(request: dict[str, Any], buf: Any) -> dict[str, Any]:
+    """Carry out one ``save`` request on the staging arena ``buf``; return the ``done`` reply.
+
+    What the writer process does with each request, and what a rank does itself while its
+    writer is still starting. Raises what ``arena_items`` or ``write_files`` raise.
+    """
+    items = arena_items(request["items"], buf)
+    try:
+        results, files = write_files(Path(request["dir"]), str(request["prefix"]), items)
+    finally:
+        del items  # the arena's views go before it may be remapped
+    return {"type": "done", "job": request["job"], "results": results, "files": files}
+
+
 def finish(directory: Path, metadata: Metadata, results: list[list[dict[str, Any]]]) -> None:
     """Write the standard ``.metadata`` of the checkpoint (coordinator only, fsynced)."""
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)

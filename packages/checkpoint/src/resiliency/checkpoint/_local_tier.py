@@ -259,9 +259,7 @@ class LocalSaver:
     def _write_in_process(self, save: LocalSave, request: dict[str, Any]) -> dict[str, Any] | None:
         t0 = time.monotonic()
         try:
-            items = _dcp.arena_items(request["items"], self._arena.mapping)
-            results, files = _dcp.write_files(save.tmp, str(request["prefix"]), items)
-            del items
+            reply = _dcp.write_request(request, self._arena.mapping)
         except Exception as exc:
             save.fail(f"rank {self.rank}: writing step {save.step} locally failed: {exc!r}")
             return None
@@ -272,7 +270,7 @@ class LocalSaver:
             save.step,
             time.monotonic() - t0,
         )
-        return {"type": "done", "job": request["job"], "results": results, "files": files}
+        return reply
 
     def _nonce(self) -> str:
         value = torch.tensor([secrets.randbits(62)], dtype=torch.int64)

@@ -306,22 +306,28 @@ class CheckpointManager:
             self._stage(plan)
         self._staged_for = None
         items, slots = self._staged_items, self._staged_slots
+        request = {
+            "type": "save",
+            "job": save.nonce,
+            "dir": str(save.tmp),
+            "prefix": plan.prefix,
+            "items": [
+                d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
+                for d, view, item, slot in zip(
+                    self._staging_json, self._staging_views, items, slots, strict=True
+                )
+            ],
+        }
+        if not writer.poll_ready():
+            # A writer started at this save, or still importing torch since a restart, would
+            # hold the next save (and an emergency save) up for seconds: the completion thread
+            # writes this one itself from the arena instead.
+            arena = self._arena
+            save.in_process = lambda: _dcp.write_request(request, arena.mapping)
+            return
         if writer.arena_generation != self._arena.generation:
             writer.send_arena(self._arena.fd, self._arena.size, self._arena.generation)
-        writer.send(
-            {
-                "type": "save",
-                "job": save.nonce,
-                "dir": str(save.tmp),
-                "prefix": plan.prefix,
-                "items": [
-                    d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
-                    for d, view, item, slot in zip(
-                        self._staging_json, self._staging_views, items, slots, strict=True
-                    )
-                ],
-            }
-        )
+        writer.send(request)
 
     def _stage(self, plan: _dcp.Plan) -> None:
         """Copy this rank's share of the state into the arena (the only large cost of save)."""

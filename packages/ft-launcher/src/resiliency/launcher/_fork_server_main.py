@@ -117,4 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # The interpreter's teardown of what was preimported (torch, Lightning: seconds on a busy
+    # node) is skipped; the launcher's exit, and so a preempted node's, waits for this process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -260,7 +260,9 @@ class CompatAgent(LocalElasticAgent):
         ``is_restart``, some both (checked once, by `check_torch_version`)."""
         kwargs: dict[str, Any] = {}
         if "timeout" in _SHUTDOWN_PARAMS:
-            kwargs["timeout"] = int(timeout)
+            # Annotated int by torch, used as seconds to add to a clock: int() would cut
+            # --term-timeout 1.5 to 1 s.
+            kwargs["timeout"] = timeout
         if "is_restart" in _SHUTDOWN_PARAMS:
             kwargs["is_restart"] = is_restart
         LocalElasticAgent._shutdown(self, death_sig, **kwargs)

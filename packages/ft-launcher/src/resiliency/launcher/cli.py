@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -16,7 +20,7 @@ from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.options import LauncherOptions, build_parser
 from resiliency.launcher.supervision import check_supervision_args
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 _LOG_FORMAT = "[ft-launcher] %(asctime)s %(levelname)s %(message)s"
 
@@ -54,5 +58,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return launch(args, ft_cfg, options, health_checks)
 
 
+def run() -> NoReturn:
+    """The console scripts' entry point: :func:`main`, then a prompt exit with its code.
+
+    A scheduler that replaces a failed or preempted node waits for this process to end. Once
+    the job is over, its atexit handlers (ledger flushes) run, and the interpreter's teardown
+    of torch (a second or more on a busy node) is skipped. An exception, or a thread that is
+    still running, takes Python's ordinary exit instead.
+    """
+    code = main() or 0
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
