@@ -108,6 +108,8 @@ class LocalSaver:
         if group is not None:
             dist.barrier(group=group)  # nobody writes before the stale files are gone
         self._arena = _staging.Arena()
+        # A shard's plan depends only on this rank's state structure: planned once, reused.
+        self._plan_cache = _dcp.PlanCache()
         self._writer: WriterProcess | None = WriterProcess()
         self.inflight: LocalSave | None = None
 
@@ -125,7 +127,9 @@ class LocalSaver:
         try:
             self.ensure_repl_group()
             save.tmp.mkdir()
-            plan, _ = _dcp.make_plan(state_dict, None, {"path": save.tmp}, dict)
+            plan, _ = _dcp.make_plan(
+                state_dict, None, {"path": save.tmp}, dict, cache=self._plan_cache
+            )
             assert plan is not None
             save.metadata = plan.metadata
             self._stage_and_send(save, plan)
