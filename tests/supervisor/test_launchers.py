@@ -77,14 +77,20 @@ def _slow_node_scenario(job: Job) -> None:
         time.sleep(0.3)
     assert rows == {"a": "running", "b": "running", "c": "waiting"}, table
 
-    # The status endpoint during the run: valid Prometheus text with every metric.
+    # The status endpoint during the run: valid Prometheus text with every metric. A sample
+    # can fall between two steps (no section open for an instant, longer on a loaded machine):
+    # scraped until one shows rank 0 inside its step.
     port = job.status_port("a")
     deadline = time.monotonic() + 60
     while True:
         metrics = _scrape(port)
-        if metrics.get("resiliency_straggler_score") and metrics.get("resiliency_last_step"):
+        if (
+            metrics.get("resiliency_straggler_score")
+            and metrics.get("resiliency_last_step")
+            and metrics.get("resiliency_open_section")
+        ):
             break
-        assert time.monotonic() < deadline, f"no straggler score / step scraped: {metrics}"
+        assert time.monotonic() < deadline, f"no straggler score / step / section: {metrics}"
         time.sleep(0.3)
     assert set(metrics) >= EXPECTED_METRICS, sorted(metrics)
     assert metrics["resiliency_heartbeat_age_seconds"][0].labels == {"rank": "0"}
