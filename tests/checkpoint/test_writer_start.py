@@ -18,6 +18,14 @@ def _state(step: int) -> dict[str, torch.Tensor]:
     return {"w": torch.arange(1024, dtype=torch.float32) * step, "b": torch.full((8,), step)}
 
 
+def _assert_each_step_loads_exactly(mgr: CheckpointManager, steps: tuple[int, ...]) -> None:
+    for step in steps:
+        target = {"w": torch.zeros(1024), "b": torch.zeros(8, dtype=torch.int64)}
+        assert mgr.load(target, step=step) == step
+        assert torch.equal(target["w"], _state(step)["w"])
+        assert torch.equal(target["b"], _state(step)["b"])
+
+
 def test_saves_before_the_writer_is_ready_are_written_by_the_rank(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -37,11 +45,7 @@ def test_saves_before_the_writer_is_ready_are_written_by_the_rank(
         mgr.wait()
         assert not [r for r in caplog.records if "by the rank itself" in r.getMessage()]
         assert mgr.steps()[-1] == 4
-        for step in (3, 4):
-            target = {"w": torch.zeros(1024), "b": torch.zeros(8, dtype=torch.int64)}
-            assert mgr.load(target, step=step) == step
-            assert torch.equal(target["w"], _state(step)["w"])
-            assert torch.equal(target["b"], _state(step)["b"])
+        _assert_each_step_loads_exactly(mgr, (3, 4))
     finally:
         mgr.close()
 
@@ -69,10 +73,6 @@ def test_persistent_saves_before_the_writer_is_ready_are_written_by_the_rank(
         mgr.wait()
         assert not [r for r in caplog.records if "by the rank itself" in r.getMessage()]
         assert mgr.steps() == [2, 3, 4]  # keep_last=3
-        for step in (2, 3, 4):
-            target = {"w": torch.zeros(1024), "b": torch.zeros(8, dtype=torch.int64)}
-            assert mgr.load(target, step=step) == step
-            assert torch.equal(target["w"], _state(step)["w"])
-            assert torch.equal(target["b"], _state(step)["b"])
+        _assert_each_step_loads_exactly(mgr, (2, 3, 4))
     finally:
         mgr.close()
