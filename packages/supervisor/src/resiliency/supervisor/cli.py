@@ -96,16 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _controller(args, parser)
     try:
         backend = backend_from_url(args.backend)
+        try:
+            rows = job_rows(backend)
+        finally:
+            backend.close()  # its connection goes now, not at the next garbage collection
     except SupervisorError as exc:
         print(f"resiliency-supervisor status: {exc}", file=sys.stderr)
         return 1
-    try:
-        rows = job_rows(backend)
-    except SupervisorError as exc:
-        print(f"resiliency-supervisor status: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        backend.close()  # its connection goes now, not at the next garbage collection
     if args.json:
         print(json.dumps(rows))
     else:
