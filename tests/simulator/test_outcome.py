@@ -43,3 +43,18 @@ def test_a_preempted_job_recovers_at_the_first_step_after_it_starts_again() -> N
     (row,) = outcomes([_kill_at(T0 + 5.1)], timeline, T0)
     assert row.detected_s == pytest.approx(5.2)
     assert (row.recovered_s, row.steps_lost) == (26.0, 0)
+
+
+def test_a_fault_before_the_first_step_is_not_detected_by_that_step() -> None:
+    # On a loaded machine the fault can land while the job is still starting: its first step
+    # (same restart count) is no restart; the hang seen later is the detection.
+    timeline = [
+        (T0 + 1.0, {"event": "cycle_started", "cycle": 0}),
+        (T0 + 9.1, {"event": "step", "step": 1, "attempt": 0}),
+        (T0 + 20.0, {"event": "hang_detected", "rank": 1}),
+        (T0 + 21.0, {"event": "cycle_ended", "cause": "hang"}),
+        (T0 + 22.0, {"event": "cycle_started", "cycle": 1}),
+        (T0 + 25.0, {"event": "step", "step": 1, "attempt": 1}),
+    ]
+    (row,) = outcomes([_kill_at(T0 + 9.0)], timeline, T0)
+    assert (row.detected_s, row.recovered_s) == (20.0, 25.0)

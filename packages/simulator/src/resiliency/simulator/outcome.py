@@ -78,7 +78,7 @@ def outcomes(
         at = inj.injected_wall
         steps_before = [e for t, e in timeline if t <= at and e.get("event") == "step"]
         before = [int(e["step"]) for e in steps_before]
-        attempt = steps_before[-1].get("attempt") if steps_before else None
+        attempt = steps_before[-1].get("attempt") if steps_before else _cycle_before(timeline, at)
         detected = next(
             (
                 t
@@ -133,6 +133,16 @@ def outcomes(
             )
         )
     return result
+
+
+def _cycle_before(timeline: Sequence[tuple[float, Mapping[str, Any]]], at: float) -> int:
+    """The restart count the job was in at ``at`` when it had not stepped yet.
+
+    A fault can land while the first cycle is still starting (a loaded machine); its first step
+    is then no sign of a restart.
+    """
+    starts = [e for t, e in timeline if t <= at and e.get("event") == "cycle_started"]
+    return int(starts[-1].get("cycle", 0)) if starts else 0
 
 
 def _cell(value: float | int | None) -> str:
