@@ -55,6 +55,9 @@ LAUNCHER_FLAGS = [
     "--term-timeout",
     "30",
     "--no-gpu-health-check",
+    # Workers of every restart fork from a server that imported these once (as the benchmark).
+    "--ft-preimport",
+    "torch,resiliency.checkpoint,resiliency.ft,resiliency.goodput",
 ]
 
 
