@@ -161,3 +161,60 @@ def test_a_sigterm_to_the_launchers_process_group_ends_the_job_promptly(
     assert launcher.wait(60) == 0, launcher.log()
     assert time.monotonic() - started < 15, launcher.log()
     assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
+
+
+def _tagged(tag: str) -> list[int]:
+    """Pids whose environment carries ``FT_TEST_TAG=tag`` (by environment, never by name)."""
+    mine = f"FT_TEST_TAG={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mine in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_the_entry_point_starts_the_server_before_importing_torch() -> None:
+    # The launcher's own imports (torch, pydantic) run while the server imports its modules.
+    probe = (
+        "import sys, resiliency.launcher.cli, resiliency.launcher as L\n"
+        "assert 'torch' not in sys.modules and 'pydantic' not in sys.modules\n"
+        "assert L.FtElasticAgent and 'torch' in sys.modules  # resolved on first use\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--nnodes", "1", "--ft-preimport", "torch,lightning", "t.py"], ["torch", "lightning"]),
+        (["--ft-preimport=torch", "t.py"], ["torch"]),
+        (["--nnodes", "1", "t.py", "--ft-preimport", "torch"], []),  # the script's argument
+        (["-m", "pkg", "--ft-preimport", "torch"], []),
+        (["--help", "--ft-preimport", "torch"], []),
+        (["--ft-preimport", "not a module", "t.py"], []),
+        (["--ft-pre", "torch", "t.py"], []),  # an abbreviation: left to the parser
+    ],
+)
+def test_the_early_start_reads_only_the_launchers_own_flag(
+    argv: list[str], expected: list[str]
+) -> None:
+    from resiliency.launcher.cli import _early_modules  # noqa: PLC0415
+
+    assert _early_modules(argv) == expected
+
+
+def test_a_refused_command_line_leaves_no_fork_server_behind(launch, marker_dir: Path) -> None:
+    tag = f"refused-{os.getpid()}-{time.monotonic_ns()}"
+    launcher = launch(
+        ["--ft-preimport", "json", "--no-such-flag", str(WORKER)], env={"FT_TEST_TAG": tag}
+    )
+    assert launcher.wait(60) == 2, launcher.log()
+    assert "--no-such-flag" in launcher.log()
+    deadline = time.monotonic() + 10
+    while (left := _tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the refused launcher are still running: {left}"

@@ -2,37 +2,76 @@
 
 The console scripts ``ft-launcher`` and ``ft_launcher`` run :func:`main`. The pieces are public
 for tests and for users who build their own launcher on torch's elastic agent.
+
+They are imported on first use (PEP 562): the console script starts its fork server before
+anything here imports torch.
 """
 
-from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
-from resiliency.launcher.cli import main
-from resiliency.launcher.errors import (
-    ForkServerError,
-    HealthCheckError,
-    LauncherConfigError,
-    LauncherError,
-    TorchVersionError,
-)
-from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.fork_server import ForkServer
-from resiliency.launcher.health import (
-    CallableHealthCheck,
-    CommandHealthCheck,
-    HealthCheck,
-    HealthResult,
-    NvmlGpuHealthCheck,
-)
-from resiliency.launcher.options import build_parser
-from resiliency.launcher.policy import (
-    AnyFailedPolicy,
-    Decision,
-    GroupObservation,
-    LocalState,
-    MinHealthyPolicy,
-    RestartPolicy,
-)
-from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
-from resiliency.launcher.verdict import HangVerdict, analyze_hang, parse_stack_dump
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
+    from resiliency.launcher.cli import main
+    from resiliency.launcher.errors import (
+        ForkServerError,
+        HealthCheckError,
+        LauncherConfigError,
+        LauncherError,
+        TorchVersionError,
+    )
+    from resiliency.launcher.exit_codes import ExitCode
+    from resiliency.launcher.fork_server import ForkServer
+    from resiliency.launcher.health import (
+        CallableHealthCheck,
+        CommandHealthCheck,
+        HealthCheck,
+        HealthResult,
+        NvmlGpuHealthCheck,
+    )
+    from resiliency.launcher.options import build_parser
+    from resiliency.launcher.policy import (
+        AnyFailedPolicy,
+        Decision,
+        GroupObservation,
+        LocalState,
+        MinHealthyPolicy,
+        RestartPolicy,
+    )
+    from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
+    from resiliency.launcher.verdict import HangVerdict, analyze_hang, parse_stack_dump
+
+_SOURCES = {
+    "AgentSettings": "resiliency.launcher.agent",
+    "AnyFailedPolicy": "resiliency.launcher.policy",
+    "CallableHealthCheck": "resiliency.launcher.health",
+    "CommandHealthCheck": "resiliency.launcher.health",
+    "Decision": "resiliency.launcher.policy",
+    "ExitCode": "resiliency.launcher.exit_codes",
+    "ForkServer": "resiliency.launcher.fork_server",
+    "ForkServerError": "resiliency.launcher.errors",
+    "FreshStoreRendezvousHandler": "resiliency.launcher.rendezvous",
+    "FtElasticAgent": "resiliency.launcher.agent",
+    "GroupObservation": "resiliency.launcher.policy",
+    "HangVerdict": "resiliency.launcher.verdict",
+    "HealthCheck": "resiliency.launcher.health",
+    "HealthCheckError": "resiliency.launcher.errors",
+    "HealthResult": "resiliency.launcher.health",
+    "LauncherConfigError": "resiliency.launcher.errors",
+    "LauncherError": "resiliency.launcher.errors",
+    "LocalState": "resiliency.launcher.policy",
+    "MinHealthyPolicy": "resiliency.launcher.policy",
+    "NvmlGpuHealthCheck": "resiliency.launcher.health",
+    "Outcome": "resiliency.launcher.agent",
+    "RestartPolicy": "resiliency.launcher.policy",
+    "TorchVersionError": "resiliency.launcher.errors",
+    "analyze_hang": "resiliency.launcher.verdict",
+    "build_parser": "resiliency.launcher.options",
+    "main": "resiliency.launcher.cli",
+    "parse_stack_dump": "resiliency.launcher.verdict",
+}
 
 __all__ = [
     "AgentSettings",
@@ -63,3 +102,16 @@ __all__ = [
     "main",
     "parse_stack_dump",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

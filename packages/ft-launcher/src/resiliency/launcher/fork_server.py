@@ -104,19 +104,26 @@ class ForkedHandler:
 
 
 class ForkServer:
-    """One fork server per launcher; thread-safe."""
+    """One fork server per launcher; thread-safe.
 
-    def __init__(self, modules: list[str]) -> None:
+    Args:
+        modules: what the server imports before it forks anything.
+        wait: wait here until the server has imported them (``wait_ready``); False starts it
+            and returns at once, so that the launcher's own imports run while it imports.
+    """
+
+    def __init__(self, modules: list[str], *, wait: bool = True) -> None:
         self.modules = modules
         self._lock = threading.Lock()
         self._exited = threading.Condition(self._lock)
         self._exits: dict[int, int] = {}
         self._replies: list[dict[str, Any]] = []
         self._alive = False
+        self._ready = False
         self._sock, theirs = socket.socketpair()
         # Where forked workers publish their environment for tools outside the job.
         self.environ_dir = tempfile.mkdtemp(prefix="ft-forked-environ-")
-        started = time.monotonic()
+        self._started = time.monotonic()
         try:
             self._proc = subprocess.Popen(
                 [
@@ -135,31 +142,42 @@ class ForkServer:
             raise ForkServerError(f"cannot start the fork server: {exc}") from exc
         finally:
             theirs.close()
-        self._sock.settimeout(READY_TIMEOUT_S)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the server has imported its modules (at most ``READY_TIMEOUT_S``).
+
+        Raises:
+            ForkServerError: it exited, or did not get ready in time (it is closed then).
+        """
+        if self._ready:
+            return
+        modules = ", ".join(self.modules)
+        self._sock.settimeout(max(0.0, self._started + READY_TIMEOUT_S - time.monotonic()))
         try:
             ready = recv_frame(self._sock)
         except (OSError, ValueError) as exc:
             self.close()
             raise ForkServerError(
                 f"the fork server did not get ready in {READY_TIMEOUT_S:.0f} s importing "
-                f"{', '.join(modules)}: {exc}"
+                f"{modules}: {exc}"
             ) from exc
         if ready is None or ready.get("t") != "ready":
             code = self._proc.wait()
             self.close()
             raise ForkServerError(
-                f"the fork server exited ({code}) importing {', '.join(modules)}; "
-                "see its error above"
+                f"the fork server exited ({code}) importing {modules}; see its error above"
             )
         self._sock.settimeout(None)
-        self._alive = True
+        self._ready = self._alive = True
         self._reader = threading.Thread(target=self._read, name="ft-fork-server", daemon=True)
         self._reader.start()
         logger.info(
-            "fork server pid %d ready in %.1f s (preimported %s)",
+            "fork server pid %d ready %.1f s after its start (preimported %s)",
             self._proc.pid,
-            time.monotonic() - started,
-            ", ".join(modules),
+            time.monotonic() - self._started,
+            modules,
         )
 
     @property

@@ -98,6 +98,7 @@ def launch(
     ft_cfg: FaultToleranceConfig,
     options: LauncherOptions,
     health_checks: tuple[HealthCheck, ...],
+    fork_server: ForkServer | None = None,
 ) -> int:
     """Run the job on this node until it ends; return the launcher's exit code.
 
@@ -106,6 +107,8 @@ def launch(
         ft_cfg: the rank monitors' configuration.
         options: the launcher's own options.
         health_checks: run before every (re)join of the rendezvous.
+        fork_server: the ``--ft-preimport`` server, already started (launch waits until it
+            is ready, and closes it at the end); None starts one when ``options`` asks.
 
     Returns:
         The exit code (see :mod:`resiliency.launcher.exit_codes`).
@@ -129,7 +132,10 @@ def launch(
         clean_up(preemption)
         raise
     try:  # --ft-preimport: imports once, here, before the first rendezvous
-        fork_server = ForkServer(list(options.preimport)) if options.preimport else None
+        if fork_server is not None:
+            fork_server.wait_ready()
+        elif options.preimport:
+            fork_server = ForkServer(list(options.preimport))
     except BaseException as exc:
         monitors.stop_all()
         clean_up(preemption)
