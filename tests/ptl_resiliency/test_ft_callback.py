@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from ptl_harness import JOB, Jobs, Monitors, job_result, wait_for_event
 
+FT_SOCKET = "FT_RANK_MONITOR_IPC_SOCKET"
+
 MONITOR_CFG = {
     "workload_check_interval": 0.2,
     "initial_rank_heartbeat_timeout": 90.0,
@@ -99,3 +101,33 @@ def test_simulated_rank_killed(jobs: Jobs, monitors: Monitors, tmp_path: Path) -
     assert "simulated fault: killing this rank" in out
     wait_for_event(mon, "rank_disconnected", timeout=10)
     assert not os.path.exists(tmp_path / "flag")
+
+
+@pytest.mark.slow
+def test_timeouts_are_calculated_from_the_dcp_checkpoint_callbacks_saves_and_loads(
+    jobs: Jobs, monitors: Monitors, tmp_path: Path
+) -> None:
+    # DistributedCheckpointCallback saves and loads outside Lightning's checkpoint hooks; the
+    # FT callback must still see both, or calculated timeouts silently never happen.
+    work = tmp_path / "run"
+    state_file = work / "ft" / "_ft_state.json"
+    job = str(Path(__file__).parent / "dcp_ft_job.py")
+    results = []
+    for max_steps in (6, 10):
+        mon = monitors.start(0, **MONITOR_CFG)
+        proc = jobs.start([job, str(work), str(max_steps)], {FT_SOCKET: str(mon.socket_path)})
+        mon.worker_started(proc.pid, rank=0)
+        code, out = jobs.finish(proc, timeout=120)
+        assert code == 0, out[-6000:]
+        line = next(x for x in out.splitlines() if x.startswith("DCP_FT_RESULT "))
+        results.append(json.loads(line.split(" ", 1)[1]))
+        if max_steps == 6:  # a fresh job: saves, but no load, so nothing is calculated yet
+            assert not state_file.exists(), out[-4000:]
+        mon.stop()
+    assert results == [
+        {"resumed_step": None, "global_step": 6},
+        {"resumed_step": 6, "global_step": 10},
+    ]
+    hb = json.loads(state_file.read_text())["current_timeouts"]["heartbeat"]
+    assert hb["were_calculated"] is True
+    assert 0 < hb["subsequent"] < MONITOR_CFG["rank_heartbeat_timeout"]

@@ -124,12 +124,20 @@ class _FaultToleranceBase(CallbackBase):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Remember that a checkpoint load was observed (calculated timeouts must cover it)."""
-        self._loaded_checkpoint = True
+        self._note_checkpoint_loaded()
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Mark the start of a checkpoint save (every rank builds the checkpoint dict)."""
+        self._note_checkpoint_save()
+
+    # resiliency's own checkpoint callbacks save and load through their CheckpointManager, not
+    # through Lightning's checkpoint hooks: they call these two instead.
+    def _note_checkpoint_loaded(self) -> None:
+        self._loaded_checkpoint = True
+
+    def _note_checkpoint_save(self) -> None:
         if self._client is None:
             return
         self._save_started = True

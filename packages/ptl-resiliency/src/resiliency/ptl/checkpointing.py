@@ -21,6 +21,7 @@ from typing import Any
 from resiliency.checkpoint import AppState, CheckpointManager
 from resiliency.goodput import get_recorder
 from resiliency.ptl._compat import CallbackBase
+from resiliency.ptl._ft_base import _FaultToleranceBase
 from resiliency.ptl.errors import PtlResiliencyError
 
 __all__ = ["CheckpointCallbackConfigError", "DistributedCheckpointCallback"]
@@ -30,6 +31,15 @@ logger = logging.getLogger(__name__)
 
 class CheckpointCallbackConfigError(PtlResiliencyError, ValueError):
     """The checkpoint callbacks are configured in a way that cannot work."""
+
+
+def _fault_tolerance_callbacks(trainer: Any) -> list[_FaultToleranceBase]:
+    """The trainer's hang-detection callbacks, told of the saves and loads made here.
+
+    Lightning's ``on_save_checkpoint`` / ``on_load_checkpoint`` never run for these checkpoints,
+    and calculated timeouts wait for one save and one load to be observed.
+    """
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, _FaultToleranceBase)]
 
 
 def _encode(value: Any) -> Any:
@@ -164,6 +174,8 @@ class DistributedCheckpointCallback(CallbackBase):
         self.resumed_step = step
         self._last_saved = step
         if step is not None:
+            for callback in _fault_tolerance_callbacks(trainer):
+                callback._note_checkpoint_loaded()
             logger.info(
                 "resumed from step %d under %s (global_step %d)",
                 step,
@@ -179,7 +191,7 @@ class DistributedCheckpointCallback(CallbackBase):
         get_recorder().step(step)
         self._note_finished()
         if step > 0 and step % self.every_n_train_steps == 0 and step != self._last_saved:
-            self._save(step)
+            self._save(trainer, step)
 
     def _note_finished(self) -> None:
         pending = self._pending
@@ -187,7 +199,9 @@ class DistributedCheckpointCallback(CallbackBase):
             self._durations.append(time.monotonic() - pending[1])
             self._pending = None
 
-    def _save(self, step: int) -> None:
+    def _save(self, trainer: Any, step: int) -> None:
+        for callback in _fault_tolerance_callbacks(trainer):
+            callback._note_checkpoint_save()
         self._last_saved = step
         started = time.monotonic()
         self._pending = (self.manager.save(step, self.state), started)
@@ -196,7 +210,7 @@ class DistributedCheckpointCallback(CallbackBase):
         """Save the last step (if asked and new) and wait until it is durable (collective)."""
         step = int(trainer.global_step)
         if self.save_on_train_end and step > 0 and step != self._last_saved:
-            self._save(step)
+            self._save(trainer, step)
         self.manager.wait()
         self._note_finished()
 

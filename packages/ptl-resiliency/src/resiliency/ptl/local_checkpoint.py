@@ -31,6 +31,7 @@ from resiliency.goodput import get_recorder
 from resiliency.ptl.checkpointing import (
     CheckpointCallbackConfigError,
     DistributedCheckpointCallback,
+    _fault_tolerance_callbacks,
 )
 
 __all__ = ["LocalCheckpointCallback"]
@@ -128,12 +129,14 @@ class LocalCheckpointCallback(DistributedCheckpointCallback):
         get_recorder().step(step)
         self._note_finished()
         if step > 0 and step != self._last_saved and self._due(step):
-            self._save(step)
+            self._save(trainer, step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Save the last step on every tier (if asked and new), then wait (collective)."""
         step = int(trainer.global_step)
         if self.save_on_train_end and step > 0 and step != self._last_saved:
+            for callback in _fault_tolerance_callbacks(trainer):
+                callback._note_checkpoint_save()
             self._last_saved = step
             for tier in self.tiers:
                 self.manager.save(step, self.state, tier=tier.name)
