@@ -127,7 +127,13 @@ def _toolkit_callbacks(args: argparse.Namespace) -> list[L.Callback]:
             args.ckpt_dir, every_n_train_steps=args.persistent_every, keep_last=2
         )
     return [
-        FaultToleranceCallback(autoresume=False, calculate_timeouts=False),
+        # Hang timeouts calculated from what the job's ranks observed (after a load and a save:
+        # from the first restart on), kept across restarts in one state file.
+        FaultToleranceCallback(
+            autoresume=False,
+            calculate_timeouts=True,
+            exp_dir=args.ckpt_dir.parent / "ft_state",
+        ),
         checkpoints,
         EmergencyCheckpointCallback(lead=2),
     ]

@@ -8,11 +8,12 @@ under ``resiliency-simulate``'s runner twice, for the same wall-clock length, wi
 plan, the same gloo timeout, the same step time and the same persistent checkpoint cadence:
 
 1. ``torchrun --max-restarts`` + Lightning with its standard ``ModelCheckpoint``;
-2. ``ft-launcher`` + resiliency's callbacks: heartbeats (hang detection), asynchronous verified
-   checkpoints in two tiers (node-local every ``--local-every`` steps with a replica on the other
-   node, persistent every ``--persistent-every`` steps, as setup 1), the agreed emergency
-   checkpoint on preemption, and workers forked from a fork server that imported torch and
-   Lightning once per node (``--ft-preimport``).
+2. ``ft-launcher`` + resiliency's callbacks: heartbeats with calculated timeouts (hang
+   detection), asynchronous verified checkpoints in two tiers (node-local every
+   ``--local-every`` steps with a replica on the other node, persistent every
+   ``--persistent-every`` steps, as setup 1), the agreed emergency checkpoint on preemption,
+   and workers forked from a fork server that imported torch and Lightning once per node
+   (``--ft-preimport``).
 
 Both write the same goodput ledger (setup 1 through a passive callback that only records), and
 ``resiliency.goodput.compute`` reads both. The simulator plays the scheduler: a node whose
@@ -49,7 +50,8 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "_goodput_job.py"
 SETUPS = {
     "torchrun": "torchrun --max-restarts + Lightning ModelCheckpoint (torch.save)",
-    "toolkit": "ft-launcher --ft-preimport + resiliency callbacks (heartbeats, async + "
+    "toolkit": "ft-launcher --ft-preimport + resiliency callbacks (calculated heartbeat "
+    "timeouts, async + "
     "emergency checkpoints)",
 }
 FT_FLAGS = [
