@@ -163,20 +163,6 @@ def test_a_sigterm_to_the_launchers_process_group_ends_the_job_promptly(
     assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
 
 
-def _tagged(tag: str) -> list[int]:
-    """Pids whose environment carries ``FT_TEST_TAG=tag`` (by environment, never by name)."""
-    mine = f"FT_TEST_TAG={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if mine in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def test_the_entry_point_starts_the_server_before_importing_torch() -> None:
     # The launcher's own imports (torch, pydantic) run while the server imports its modules.
     probe = (
@@ -207,14 +193,9 @@ def test_the_early_start_reads_only_the_launchers_own_flag(
     assert _early_modules(argv) == expected
 
 
-def test_a_refused_command_line_leaves_no_fork_server_behind(launch, marker_dir: Path) -> None:
-    tag = f"refused-{os.getpid()}-{time.monotonic_ns()}"
-    launcher = launch(
-        ["--ft-preimport", "json", "--no-such-flag", str(WORKER)], env={"FT_TEST_TAG": tag}
-    )
+def test_a_refused_command_line_leaves_no_fork_server_behind(launch) -> None:
+    # The server starts before the parser runs; the suite's leak check (tests/conftest.py)
+    # fails this test if it, or any process of the launcher, is still alive afterwards.
+    launcher = launch(["--ft-preimport", "json", "--no-such-flag", str(WORKER)])
     assert launcher.wait(60) == 2, launcher.log()
     assert "--no-such-flag" in launcher.log()
-    deadline = time.monotonic() + 10
-    while (left := _tagged(tag)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the refused launcher are still running: {left}"
