@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train_resilient.py"
 STEPS = 50
+# 50 steps of 0.1 s: a fault 2 s after the first step (seen up to a second late, the ledger's
+# flush) lands with a checkpoint behind it and steps still ahead.
+FAULT_AFTER_FIRST_STEP_S = 2.0
 LAUNCHER_FLAGS = [
     "--nproc-per-node",
     "2",
@@ -101,6 +104,7 @@ def simulate(tmp_path: Path) -> Iterator[Callable[..., Run]]:
         restart_nodes_after_s: float | None = None,
         timeout_s: float = 300.0,
         tag: str = "",
+        from_first_step: bool = False,
     ) -> Run:
         job_id = f"matrix-{uuid.uuid4().hex[:8]}"
         job_ids.append(job_id)
@@ -136,6 +140,7 @@ def simulate(tmp_path: Path) -> Iterator[Callable[..., Run]]:
                     goodput_dir=ledger,
                     env={"RESILIENCY_JOB_ID": job_id, "PYTHONUNBUFFERED": "1"},
                     stdout=log,
+                    faults_from_first_step=from_first_step,
                 )
             )
             plan = FaultPlan(seed=0, mtbf=1.0, keep_alive=0.0, faults=tuple(faults))
@@ -180,7 +185,8 @@ def _finished(run: Run, steps: int = STEPS) -> None:
 
 @pytest.mark.parametrize("kind", ["kill", "crash", "hang", "hang_nogil", "stop"])
 def test_rank_fault_is_detected_and_the_job_recovers(simulate, kind: str) -> None:
-    run = simulate([_fault(kind, at_s=9.0)])
+    # Timed from the first step: the same point of training on a fast or a slow machine.
+    run = simulate([_fault(kind, at_s=FAULT_AFTER_FIRST_STEP_S)], from_first_step=True)
     (row,) = run.rows
     assert row.injected_s is not None, row.note
     assert row.detected_s is not None and row.detected_s >= row.injected_s, row
@@ -193,7 +199,7 @@ def test_rank_fault_is_detected_and_the_job_recovers(simulate, kind: str) -> Non
 
 
 def test_slow_rank_slows_the_job_without_killing_it(simulate) -> None:
-    run = simulate([_fault("slow", at_s=9.0)])
+    run = simulate([_fault("slow", at_s=FAULT_AFTER_FIRST_STEP_S)], from_first_step=True)
     (row,) = run.rows
     assert row.injected_s is not None, row.note
     _finished(run)

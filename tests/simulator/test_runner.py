@@ -5,7 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from resiliency.simulator import Fault, FaultPlan, Injection, JobRunner, RunnerOptions
+import pytest
+
+from resiliency.simulator import (
+    Fault,
+    FaultPlan,
+    Injection,
+    JobRunner,
+    RunnerOptions,
+    SimulatorError,
+)
 
 # Saves its one "checkpoint" after a delay, as a job that is slow to start does, then idles.
 LATE_SAVER = """
@@ -79,3 +88,41 @@ def test_a_preemption_is_timed_at_its_sigterm_not_when_the_node_is_gone() -> Non
     assert "all exited within" in injection.action
     # Due at 1 s; the node took 2 s more to go: the fault happened when the SIGTERM was sent.
     assert injection.injected_mono - runner.t0 < 2.5
+
+
+# A job that records its first training step in the goodput ledger after a slow start.
+SLOW_START = """
+import sys, time
+from resiliency.goodput import get_recorder
+time.sleep(float(sys.argv[1]))
+recorder = get_recorder()
+recorder.step(1)
+recorder.flush()
+time.sleep(60)
+"""
+
+
+def test_faults_can_be_timed_from_the_first_training_step(tmp_path: Path) -> None:
+    runner = JobRunner(
+        RunnerOptions(
+            command=[sys.executable, "-c", SLOW_START, "2.0"],
+            goodput_dir=tmp_path / "ledger",
+            grace_s=5.0,
+            faults_from_first_step=True,
+        )
+    )
+    plan = FaultPlan(
+        seed=0,
+        mtbf=1.0,
+        keep_alive=0.0,
+        faults=(Fault(at_s=0.5, kind="preempt", victim=0, seed=0),),
+    )
+    (injection,) = runner.run(plan, duration_s=15.0)
+    assert not injection.error, injection.error
+    # Due 0.5 s after the first step, which came 2 s after the start (not at 0.5 s).
+    assert injection.injected_mono - runner.t0 >= 2.5
+
+
+def test_faults_from_the_first_step_need_the_ledger() -> None:
+    with pytest.raises(SimulatorError, match="goodput_dir"):
+        RunnerOptions(command=["true"], faults_from_first_step=True)

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-full-hold", type=float, default=10.0)
     p.add_argument("--goodput-dir", type=Path, help="the job's ledger dir (default: a temp dir)")
     p.add_argument("--job-id", help="the job id in the ledger (default sim-<seed>)")
+    p.add_argument(
+        "--from-first-step",
+        action="store_true",
+        help="time the faults from the job's first training step (its first step in the "
+        "ledger, waited for up to 60 s) instead of from its start; --duration still counts "
+        "from the start",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- launcher command ...")
     return p
@@ -103,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         format="[resiliency-simulate] %(levelname)s %(message)s",
     )
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    missing = None
     if not command:
-        print("resiliency-simulate: give the job's launcher command after --", file=sys.stderr)
-        return 2
-    if args.duration is None and args.count is None:
-        print("resiliency-simulate: give --duration or --count", file=sys.stderr)
+        missing = "give the job's launcher command after --"
+    elif args.duration is None and args.count is None:
+        missing = "give --duration or --count"
+    if missing is not None:
+        print(f"resiliency-simulate: {missing}", file=sys.stderr)
         return 2
     try:
         plan = FaultPlan.from_seed(
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             disk_full_hold_s=args.disk_full_hold,
             goodput_dir=goodput_dir,
             env={"RESILIENCY_JOB_ID": job},
+            faults_from_first_step=args.from_first_step,
         )
     )
 
@@ -164,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         injections = runner.run(plan, args.duration, record)
+    except SimulatorError as exc:  # e.g. no first step to time the faults from
+        print(f"resiliency-simulate: {exc}", file=sys.stderr)
+        return 1
     finally:
         recorder.close()
         if args.ckpt_tmpfs:

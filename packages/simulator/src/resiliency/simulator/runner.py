@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from resiliency.goodput import read_ledger
 from resiliency.simulator._proctree import Proc, descendants, kill_all, read_proc, workers
 from resiliency.simulator.errors import InjectionError, SimulatorError
 from resiliency.simulator.injectors import (
@@ -55,6 +56,10 @@ class RunnerOptions:
         wait_for_workers_s: how long an injection waits for a victim to exist (a storage
             fault: for the job's first committed checkpoint).
         stdout: where the launchers' output goes (an open file); None inherits ours.
+        faults_from_first_step: count the faults' times from the job's first training step
+            (its first ``step`` event in ``goodput_dir``, waited for up to
+            ``wait_for_workers_s``) instead of from the launchers' start, so that the same plan
+            hits training alike on a fast and on a slow machine.
     """
 
     command: list[str]
@@ -71,6 +76,11 @@ class RunnerOptions:
     env: dict[str, str] = field(default_factory=dict)
     wait_for_workers_s: float = 60.0
     stdout: IO[Any] | None = None
+    faults_from_first_step: bool = False
+
+    def __post_init__(self) -> None:
+        if self.faults_from_first_step and self.goodput_dir is None:
+            raise SimulatorError("faults_from_first_step needs goodput_dir (the job's ledger)")
 
 
 @dataclass
@@ -265,13 +275,16 @@ class JobRunner:
         done: list[Injection] = []
         self.start()
         pending = list(plan.faults)
+        origin = None if self.options.faults_from_first_step else self.t0
         try:
             while self.running():
                 elapsed = time.monotonic() - self.t0
                 if duration_s is not None and elapsed >= duration_s:
                     logger.info("duration of %.0f s reached; stopping the job", duration_s)
                     break
-                if pending and elapsed >= pending[0].at_s:
+                if origin is None:
+                    origin = self._first_step_seen(elapsed)
+                if origin is not None and pending and time.monotonic() - origin >= pending[0].at_s:
                     injection = self.inject(pending.pop(0))
                     done.append(injection)
                     if record is not None:
@@ -281,6 +294,20 @@ class JobRunner:
         finally:
             self.stop()
         return done
+
+    def _first_step_seen(self, elapsed: float) -> float | None:
+        """The monotonic time the first step was seen in the ledger, now; None before."""
+        assert self.options.goodput_dir is not None
+        if self.options.goodput_dir.is_dir() and read_ledger([self.options.goodput_dir]).steps:
+            logger.info("first training step seen %.1f s after the start", elapsed)
+            return time.monotonic()
+        if elapsed > self.options.wait_for_workers_s:
+            raise SimulatorError(
+                f"no training step in {self.options.goodput_dir} within "
+                f"{self.options.wait_for_workers_s:.0f} s of the start; the faults are timed "
+                "from the first step (faults_from_first_step)"
+            )
+        return None
 
     def stop(self, grace_s: float = 10.0) -> None:
         """End every launcher and all it started: SIGTERM, then SIGKILL after ``grace_s``."""
