@@ -297,6 +297,8 @@ class ForkServer:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        if not self._ready and self._proc.poll() is None:
+            self._proc.kill()  # still importing, nothing forked yet: no need to wait for it
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
