@@ -27,6 +27,13 @@ time.sleep(60)
 """
 
 
+def _one_fault(kind: str, at_s: float) -> FaultPlan:
+    """A plan of one fault, due ``at_s`` seconds in, on node or rank 0."""
+    return FaultPlan(
+        seed=0, mtbf=1.0, keep_alive=0.0, faults=(Fault(at_s=at_s, kind=kind, victim=0, seed=0),)
+    )
+
+
 def _run(
     ckpt: Path, save_after_s: float, wait_s: float, duration_s: float
 ) -> tuple[list[Injection], float]:
@@ -37,12 +44,7 @@ def _run(
             wait_for_workers_s=wait_s,
         )
     )
-    plan = FaultPlan(
-        seed=0,
-        mtbf=1.0,
-        keep_alive=0.0,
-        faults=(Fault(at_s=0.0, kind="torn_checkpoint", victim=0, seed=0),),
-    )
+    plan = _one_fault("torn_checkpoint", at_s=0.0)
     return runner.run(plan, duration_s=duration_s), runner.t0
 
 
@@ -77,12 +79,7 @@ time.sleep(60)
 
 def test_a_preemption_is_timed_at_its_sigterm_not_when_the_node_is_gone() -> None:
     runner = JobRunner(RunnerOptions(command=[sys.executable, "-c", SLOW_TO_STOP], grace_s=30.0))
-    plan = FaultPlan(
-        seed=0,
-        mtbf=1.0,
-        keep_alive=0.0,
-        faults=(Fault(at_s=1.0, kind="preempt", victim=0, seed=0),),
-    )
+    plan = _one_fault("preempt", at_s=1.0)
     (injection,) = runner.run(plan, duration_s=5.0)
     assert not injection.error, injection.error
     assert "all exited within" in injection.action
@@ -111,12 +108,7 @@ def test_faults_can_be_timed_from_the_first_training_step(tmp_path: Path) -> Non
             faults_from_first_step=True,
         )
     )
-    plan = FaultPlan(
-        seed=0,
-        mtbf=1.0,
-        keep_alive=0.0,
-        faults=(Fault(at_s=0.5, kind="preempt", victim=0, seed=0),),
-    )
+    plan = _one_fault("preempt", at_s=0.5)
     (injection,) = runner.run(plan, duration_s=15.0)
     assert not injection.error, injection.error
     # Due 0.5 s after the first step, which came 2 s after the start (not at 0.5 s).

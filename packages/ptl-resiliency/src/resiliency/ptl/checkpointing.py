@@ -199,10 +199,14 @@ class DistributedCheckpointCallback(CallbackBase):
             self._durations.append(time.monotonic() - pending[1])
             self._pending = None
 
-    def _save(self, trainer: Any, step: int) -> None:
+    def _begin_save(self, trainer: Any, step: int) -> None:
+        """Mark ``step`` saved and tell the hang-detection callbacks that a save starts."""
         for callback in _fault_tolerance_callbacks(trainer):
             callback._note_checkpoint_save()
         self._last_saved = step
+
+    def _save(self, trainer: Any, step: int) -> None:
+        self._begin_save(trainer, step)
         started = time.monotonic()
         self._pending = (self.manager.save(step, self.state), started)
 

@@ -31,7 +31,6 @@ from resiliency.goodput import get_recorder
 from resiliency.ptl.checkpointing import (
     CheckpointCallbackConfigError,
     DistributedCheckpointCallback,
-    _fault_tolerance_callbacks,
 )
 
 __all__ = ["LocalCheckpointCallback"]
@@ -135,9 +134,7 @@ class LocalCheckpointCallback(DistributedCheckpointCallback):
         """Save the last step on every tier (if asked and new), then wait (collective)."""
         step = int(trainer.global_step)
         if self.save_on_train_end and step > 0 and step != self._last_saved:
-            for callback in _fault_tolerance_callbacks(trainer):
-                callback._note_checkpoint_save()
-            self._last_saved = step
+            self._begin_save(trainer, step)
             for tier in self.tiers:
                 self.manager.save(step, self.state, tier=tier.name)
         self.manager.wait()
