@@ -3,9 +3,11 @@
 One exchange moves any number of directories at once: each rank posts its sends and receives
 together, so a ring of peers (rank r to the next node, from the previous one) moves in parallel.
 A transfer is a header (the shard's manifest as JSON, or ``{"ok": false}`` when the sender has
-nothing valid), then every file of the manifest in fixed-size chunks. The receiver writes into
-a temporary directory, checks each file's size and CRC-32 against the header, fsyncs, and only
-then writes the manifest: a received copy is verified before anybody may commit it.
+nothing valid), then every file of the manifest in fixed-size chunks, sent straight from a map of
+the file and received straight into a map of its copy (no buffer in between). The receiver
+writes into a temporary directory, checks each file's size and CRC-32 against the header,
+fsyncs, and only then writes the manifest: a received copy is verified before anybody may commit
+it.
 
 Every wait is bounded (``timeout_s`` for the whole exchange) and a failure names the peer: a
 dead or silent peer becomes a ``ReplicationError``, never an endless wait. On a NCCL group the
@@ -14,10 +16,11 @@ chunks go through the GPU (``device``); on gloo they stay on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
+import mmap
 import os
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -131,6 +134,7 @@ def exchange(
     Receive failures of a well-formed transfer (bad CRC, refused) are recorded in the
     ``Incoming``; a dead or silent peer raises ``ReplicationError``.
     """
+    release_abandoned()
     link = _Link(group, time.monotonic() + timeout_s, what, device)
     headers = [
         json.dumps(o.manifest if o.manifest is not None else {"ok": False}).encode()
@@ -173,6 +177,107 @@ def exchange(
     return sent
 
 
+class _Maps:
+    """The memory maps of one exchange's files, and the operations posted on them.
+
+    The chunks go straight between the files' pages and the wire: a sent chunk is a view of
+    the source file's map, a received one lands in the target file's map (allocated up front,
+    so a full disk is an ``OSError`` there, never a ``SIGBUS`` on a write). That spares the copy
+    through a buffer on each side.
+    """
+
+    def __init__(self) -> None:
+        self.sources: dict[tuple[int, str], mmap.mmap | None] = {}
+        self.targets: dict[tuple[int, str], tuple[int, mmap.mmap]] = {}
+        self.posted: list[Any] = []
+
+    def source(self, n: int, path: Path, size: int) -> mmap.mmap | None:
+        """A private map of the first ``size`` bytes of ``path``; None if it has fewer."""
+        if (n, path.name) not in self.sources:
+            self.sources[(n, path.name)] = _map_source(path, size)
+        return self.sources[(n, path.name)]
+
+    def target(self, n: int, path: Path, size: int) -> mmap.mmap:
+        """A shared map of ``path``, created with ``size`` bytes allocated; raises ``OSError``."""
+        if (n, path.name) not in self.targets:
+            self.targets[(n, path.name)] = _map_target(path, size)
+        return self.targets[(n, path.name)][1]
+
+    def flush(self, incoming: list[Incoming]) -> None:
+        """Every operation has landed: write the received files through, unmap everything."""
+        for (n, name), (fd, target) in self.targets.items():
+            i = incoming[n]
+            try:
+                if not i.error:
+                    target.flush()
+                    os.fsync(fd)
+            except OSError as exc:
+                logger.error("%s: %s", i.directory / name, exc)
+                i.error = f"flushing {i.directory / name} failed: {exc}"
+            finally:
+                target.close()
+                os.close(fd)
+        for source in self.sources.values():
+            if source is not None:
+                source.close()
+
+    def abandon(self) -> None:
+        """The exchange failed: gloo may still read or write these pages, so they stay mapped
+        until every operation posted on them has ended (``release_abandoned``)."""
+        maps: list[mmap.mmap] = [m for m in self.sources.values() if m is not None]
+        for fd, target in self.targets.values():
+            os.close(fd)  # the map stays valid without its descriptor
+            maps.append(target)
+        with _ABANDONED_LOCK:
+            _ABANDONED.append((self.posted, maps))
+
+
+_ABANDONED: list[tuple[list[Any], list[mmap.mmap]]] = []
+_ABANDONED_LOCK = threading.Lock()
+
+
+def release_abandoned() -> None:
+    """Unmap the maps of failed exchanges whose operations have all ended."""
+    with _ABANDONED_LOCK:
+        keep = []
+        for works, maps in _ABANDONED:
+            if all(w.is_completed() for w in works):
+                for m in maps:
+                    m.close()
+            else:
+                keep.append((works, maps))
+        _ABANDONED[:] = keep
+
+
+def _map_source(path: Path, size: int) -> mmap.mmap | None:
+    try:
+        with open(path, "rb") as f:
+            have = os.fstat(f.fileno()).st_size
+            if have < size:
+                logger.warning(
+                    "%s has %d bytes, its manifest says %d: the copy sent will not verify",
+                    path,
+                    have,
+                    size,
+                )
+                return None
+            # Private and writable only because torch wants a writable buffer; nothing writes.
+            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError) as exc:
+        logger.warning("%s cannot be read (%s): the copy sent will not verify", path, exc)
+        return None
+
+
+def _map_target(path: Path, size: int) -> tuple[int, mmap.mmap]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _pump(  # noqa: PLR0917
     link: _Link,
     outgoing: list[Outgoing],
@@ -182,93 +287,83 @@ def _pump(  # noqa: PLR0917
     peer_node: Any,
 ) -> int:
     """Move every chunk: round k posts chunk k of every transfer; while it is on the wire the
-    chunks of round k-1 are written and checksummed (two rounds in flight at most)."""
-    readers: dict[tuple[int, str], Any] = {}
-    writers: dict[tuple[int, str], Any] = {}
+    chunks of round k-1 are checksummed (two rounds in flight at most)."""
+    maps = _Maps()
     sent = 0
-    # Two buffers per transfer, reused by alternate rounds: a round's buffers are free again
-    # once the round after it has landed. Fresh 32 MiB buffers per chunk cost a page fault per
-    # 4 KiB, which made the transfer memory-bound.
-    out_bufs = [[torch.empty(0, dtype=torch.uint8)] * 2 for _ in outgoing]
-    in_bufs = [[torch.empty(0, dtype=torch.uint8)] * 2 for _ in incoming]
+    # A chunk with nowhere to come from or go to (unreadable source, failed target) still
+    # moves, so that both ends stay in step: zeros are sent, received bytes are dropped into
+    # one of two scratch buffers per transfer (a round's buffer is free again once the round
+    # after it has landed).
+    zeros = torch.zeros(0, dtype=torch.uint8)
+    scratch = [[torch.empty(0, dtype=torch.uint8)] * 2 for _ in incoming]
 
-    def buffer(pool: list[torch.Tensor], k: int, nbytes: int) -> torch.Tensor:
-        if pool[k % 2].numel() < nbytes:
-            pool[k % 2] = torch.empty(max(nbytes, CHUNK_BYTES), dtype=torch.uint8)
-        return pool[k % 2][:nbytes]
+    def drop(n: int, k: int, nbytes: int) -> torch.Tensor:
+        if scratch[n][k % 2].numel() < nbytes:
+            scratch[n][k % 2] = torch.empty(max(nbytes, CHUNK_BYTES), dtype=torch.uint8)
+        return scratch[n][k % 2][:nbytes]
 
-    def land(works: list[Any], received: list[tuple[int, Incoming, str, torch.Tensor]]) -> None:
+    def land(works: list[Any], received: list[tuple[Incoming, str, Any, Any]]) -> None:
         link.wait(peer_node, works)
-        for n, i, name, buf in received:
-            if i.error:  # a local write already failed: keep receiving, drop the bytes
+        for i, name, view, buf in received:
+            if i.error or view is None:  # a local write failed: the bytes are dropped
                 continue
-            data = memoryview(buf.cpu().numpy())  # type: ignore[arg-type]
-            try:
-                writer = writers.get((n, name))
-                if writer is None:
-                    writer = writers[(n, name)] = open(i.directory / name, "wb")  # noqa: SIM115
-                writer.write(data)
-            except OSError as exc:  # e.g. disk full: the protocol goes on, the copy is failed
-                i.error = f"writing the copy received from rank {i.src} failed: {exc}"
-                continue
-            i._crc[name] = zlib.crc32(data, i._crc.get(name, 0))
-            i.bytes += len(data)
+            if buf is not view:  # NCCL: the chunk landed on the device
+                view.copy_(buf.cpu())
+            i._crc[name] = zlib.crc32(view.numpy(), i._crc.get(name, 0))
+            i.bytes += view.numel()
 
+    ok = False
     try:
         rounds = max([len(s) for s in sends] + [len(p) for p in plans] + [0])
         previous: tuple[list[Any], list[Any]] | None = None
         for k in range(rounds):
-            received = []
             for n, (o, chunks) in enumerate(zip(outgoing, sends, strict=True)):
                 if k >= len(chunks):
                     continue
-                name, _, nbytes = chunks[k]
-                buf = buffer(out_bufs[n], k, nbytes)
-                view = memoryview(buf.numpy())  # type: ignore[arg-type]
-                try:  # a short or unreadable file sends zeros: the receiver's CRC check fails
-                    reader = readers.get((n, name))
-                    if reader is None:
-                        reader = readers[(n, name)] = open(o.directory / name, "rb")  # noqa: SIM115
-                    got = reader.readinto(view)
-                except OSError as exc:
-                    got = -1
-                    logger.warning("%s: %s", o.directory / name, exc)
-                if got != nbytes:
-                    buf[max(got, 0) :] = 0
-                    logger.warning("%s is shorter than its manifest", o.directory / name)
-                link.send(buf, o.dst)
+                name, offset, nbytes = chunks[k]
+                assert o.manifest is not None
+                size = int(o.manifest["files"][name]["size"])
+                source = maps.source(n, o.directory / name, size)
+                if source is None:
+                    if zeros.numel() < nbytes:
+                        zeros = torch.zeros(max(nbytes, CHUNK_BYTES), dtype=torch.uint8)
+                    link.send(zeros[:nbytes], o.dst)
+                else:
+                    link.send(_view(source, offset, nbytes), o.dst)
                 sent += nbytes
+            received = []
             for n, (i, chunks) in enumerate(zip(incoming, plans, strict=True)):
-                if k < len(chunks):
-                    name, _, nbytes = chunks[k]
-                    buf = link.recv(buffer(in_bufs[n], k, nbytes), i.src)
-                    received.append((n, i, name, buf))
+                if k >= len(chunks):
+                    continue
+                name, offset, nbytes = chunks[k]
+                view = None
+                if not i.error:
+                    assert i.manifest is not None
+                    try:
+                        size = int(i.manifest["files"][name]["size"])
+                        view = _view(maps.target(n, i.directory / name, size), offset, nbytes)
+                    except OSError as exc:  # e.g. disk full: the protocol goes on, the copy fails
+                        i.error = f"writing the copy received from rank {i.src} failed: {exc}"
+                buf = link.recv(view if view is not None else drop(n, k, nbytes), i.src)
+                received.append((i, name, view, buf))
             current = (link.take(), received)
+            maps.posted.extend(current[0])
             if previous is not None:
                 land(*previous)
             previous = current
         if previous is not None:
             land(*previous)
+        ok = True
     finally:
-        for f in readers.values():
-            f.close()
-        for f in writers.values():
-            try:
-                f.flush()
-                _fsync(f)
-            except OSError as exc:
-                logger.error("%s: %s", f.name, exc)
-                for i in incoming:
-                    if Path(f.name).parent == i.directory and not i.error:
-                        i.error = f"flushing {f.name} failed: {exc}"
-            finally:
-                with contextlib.suppress(OSError):
-                    f.close()
+        if ok:
+            maps.flush(incoming)
+        else:
+            maps.abandon()
     return sent
 
 
-def _fsync(f: Any) -> None:
-    os.fsync(f.fileno())
+def _view(mapping: mmap.mmap, offset: int, nbytes: int) -> torch.Tensor:
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
 def _finish(i: Incoming) -> None:
