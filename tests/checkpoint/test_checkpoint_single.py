@@ -61,6 +61,8 @@ def test_save_load_steps_latest_and_retention(manager: CheckpointManager):
 
 def test_a_committed_step_is_a_standard_dcp_checkpoint(manager: CheckpointManager, tmp_path: Path):
     app = _app(4)
+    writer = manager._writer
+    writer.wait_ready(writer.deadline(120))  # the writer process writes it, not the rank
     manager.save(3, {"app": app}).wait()
     step_dir = tmp_path / "ckpt" / "step_000000003"
     manifest = json.loads((step_dir / "manifest.json").read_text())

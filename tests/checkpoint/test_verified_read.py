@@ -58,11 +58,16 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["by-the-rank", "by-the-writer"])
+def saved(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A shard written by the rank itself (its writer still starting), or by its writer process
+    (which leaves the zip records' own CRC-32s out)."""
     root = tmp_path_factory.mktemp("local")
     mgr = CheckpointManager(None, tiers=[LocalTier(root, replicas=0)])
     try:
+        if request.param == "by-the-writer":
+            writer = mgr._tiered.local._writer
+            writer.wait_ready(writer.deadline(120))
         mgr.save(3, _state(3), tier="local").wait()
     finally:
         mgr.close()

@@ -116,8 +116,10 @@ def _storage_entry(fh: io.FileIO, start: int, length: int) -> zipfile.ZipInfo | 
         with zipfile.ZipFile(_Window(fh, start, length)) as zf:
             records = [i for i in zf.infolist() if _STORAGE_RECORD.search(i.filename)]
             order = [i for i in zf.infolist() if i.filename.endswith("/byteorder")]
-            if order and zf.read(order[0]) != sys.byteorder.encode():
-                return None
+        # Read past zipfile, which checks each record's CRC-32: the writer does not compute
+        # them (the manifest's CRC-32 covers the whole file, checked in the same pass).
+        if order and _stored_bytes(fh, start, order[0]) != sys.byteorder.encode():
+            return None
     except (zipfile.BadZipFile, OSError, ValueError, KeyError):
         return None  # the CRC pass reports a damaged file; DCP's path reports the rest
     if len(records) != 1 or records[0].compress_type != zipfile.ZIP_STORED:
@@ -125,11 +127,8 @@ def _storage_entry(fh: io.FileIO, start: int, length: int) -> zipfile.ZipInfo | 
     return records[0]
 
 
-def _raw_record(fh: io.FileIO, start: int, length: int, nbytes: int) -> int | None:
-    """Where the raw bytes of an item's tensor start in the file, or None if unusual."""
-    record = _storage_entry(fh, start, length)
-    if record is None or record.file_size != nbytes:
-        return None
+def _data_offset(fh: io.FileIO, start: int, record: zipfile.ZipInfo) -> int | None:
+    """Where the data of a zip ``record`` of the item at ``start`` begins in the file."""
     fh.seek(start + record.header_offset)
     header = fh.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
@@ -137,6 +136,23 @@ def _raw_record(fh: io.FileIO, start: int, length: int, nbytes: int) -> int | No
     fields = _LOCAL_HEADER.unpack(header)
     name_len, extra_len = fields[-2], fields[-1]
     return start + record.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+
+
+def _stored_bytes(fh: io.FileIO, start: int, record: zipfile.ZipInfo) -> bytes | None:
+    """The bytes of an uncompressed zip ``record``, read without checking its CRC-32."""
+    at = _data_offset(fh, start, record)
+    if at is None or record.compress_type != zipfile.ZIP_STORED:
+        return None
+    fh.seek(at)
+    return fh.read(record.file_size)
+
+
+def _raw_record(fh: io.FileIO, start: int, length: int, nbytes: int) -> int | None:
+    """Where the raw bytes of an item's tensor start in the file, or None if unusual."""
+    record = _storage_entry(fh, start, length)
+    if record is None or record.file_size != nbytes:
+        return None
+    return _data_offset(fh, start, record)
 
 
 class VerifyingReader(FileSystemReader):
