@@ -59,6 +59,9 @@ def main() -> None:
         f"samples {app.extra['samples_seen']}, latest checkpoint {manager.latest()}",
         flush=True,
     )
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del model, app
     dist.destroy_process_group()
 
 

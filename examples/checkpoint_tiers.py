@@ -64,6 +64,9 @@ def main() -> None:
     manager.close()
     if rank == 0:
         print(f"done at step {args.steps}; saved steps {manager.steps()}", flush=True)
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del model, state
     if dist.is_initialized():
         dist.destroy_process_group()
 

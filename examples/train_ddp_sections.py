@@ -125,6 +125,9 @@ def main() -> int:
         if flag:
             Path(flag).touch()
     client.shutdown_workload_monitoring()
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del ddp
     dist.destroy_process_group()
     return 0
 

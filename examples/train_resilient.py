@@ -95,6 +95,9 @@ def main() -> int:
     if rank == 0:
         print(f"rank 0: finished {args.steps} steps, loss {loss.item():.4f}", flush=True)
     client.shutdown_workload_monitoring()
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del ddp, state
     dist.destroy_process_group()
     return 0
 

@@ -58,6 +58,9 @@ class Job:
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                     "PYTHONUNBUFFERED": "1",
+                    # A rank that hangs is sent SIGABRT before the kill: its log then shows
+                    # where every thread of it was (see ``wait``).
+                    "PYTHONFAULTHANDLER": "1",
                     **(env or {}),
                 }
             )
@@ -83,11 +86,20 @@ class Job:
             try:
                 codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
+                self._dump_stacks()
                 self.kill()
                 raise AssertionError(
                     f"job did not finish within {timeout} s; logs:\n{self.log()[-8000:]}"
                 ) from None
         return codes
+
+    def _dump_stacks(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGABRT)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
 
     def log(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs)

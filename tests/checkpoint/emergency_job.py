@@ -126,6 +126,9 @@ def main() -> int:
         if ec.should_stop(step):
             ec.save_and_exit(step, state)
     print(f"DONE rank {rank} of {world}", flush=True)
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del model, state
     dist.destroy_process_group()
     return 0
 

@@ -151,6 +151,9 @@ def main() -> int:
     mgr.close()
     get_recorder().flush()
     (out / f"{args.tag}-rank{rank}.json").write_text(json.dumps(result))
+    # Free the DDP model before the process group: a gloo group whose last reference its
+    # reducer drops is destroyed with the GIL held and can deadlock (pytorch/pytorch#56297).
+    del model, app
     dist.destroy_process_group()
     return 0
 
