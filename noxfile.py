@@ -29,6 +29,8 @@ CHECKPOINT_LAUNCHER_TESTS = (
     "tests/checkpoint/test_tiers_launcher.py",
 )
 TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
+# Object-store checkpoint tests: s3fs against moto's S3 server on loopback.
+S3_TEST_DEPS = ["s3fs>=2023.1", "moto[server]>=5"]
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = False
@@ -124,7 +126,7 @@ def goodput(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def checkpoint(session: nox.Session) -> None:
     """resiliency-checkpoint with its dependencies (goodput, torch)."""
-    _install(session, _pkg("goodput"), _pkg("checkpoint"), *TEST_DEPS)
+    _install(session, _pkg("goodput"), _pkg("checkpoint") + "[remote]", *S3_TEST_DEPS, *TEST_DEPS)
     # The trials under two ft-launchers need the launcher: they run in `integration`.
     _pytest(session, "tests/checkpoint", *(f"--ignore={t}" for t in CHECKPOINT_LAUNCHER_TESTS))
 
@@ -190,13 +192,14 @@ PTL_PACKAGES = tuple(
 @nox.session(python=TORCH_PYTHON)
 def ptl(session: nox.Session) -> None:
     """resiliency-ptl with its dependencies (ft-core, straggler, checkpoint, goodput, lightning)."""
-    _install(session, *PTL_PACKAGES, *TEST_DEPS)
+    _install(session, *PTL_PACKAGES, *S3_TEST_DEPS, *TEST_DEPS)
     _pytest(session, "tests/ptl_resiliency", "tests/compat/test_ptl.py")
 
 
 # One test file per callback family, run under the standalone package's Trainer. Left to `ptl`:
-# the timeout calculations ("persisted"), the ft-launcher loop over the unmodified example, and
-# the second emergency-save victim, none of which depends on Lightning's import path.
+# the timeout calculations ("persisted"), the ft-launcher loop over the unmodified example, the
+# second emergency-save victim and the object-store resume (S3 test deps are installed there),
+# none of which depends on Lightning's import path.
 PTL_STANDALONE_TESTS = (
     "tests/ptl_resiliency/test_without_launcher.py",
     "tests/ptl_resiliency/test_callback_args.py",
@@ -223,7 +226,7 @@ def ptl_standalone(session: nox.Session) -> None:
         "pytest",
         *PTL_STANDALONE_TESTS,
         "-k",
-        "not persisted",
+        "not persisted and not object_store",
         *session.posargs,
         env={"PYTHONDONTWRITEBYTECODE": "0", "RESILIENCY_TEST_LIGHTNING": "pytorch_lightning"},
     )

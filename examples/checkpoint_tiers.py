@@ -28,7 +28,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--local-ckpt-dir", required=True, help="node-local directory (RAM disk, NVMe)")
     p.add_argument("--local-ckpt-interval", type=int, default=10, help="steps between local saves")
-    p.add_argument("--persistent-ckpt-dir", required=True, help="shared directory or file:// URL")
+    p.add_argument(
+        "--persistent-ckpt-dir",
+        required=True,
+        help="shared directory, or a URL (file://, s3://, gs://...)",
+    )
     p.add_argument("--persistent-ckpt-interval", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1, help="copies of each shard on other nodes")
     p.add_argument("--steps", type=int, default=50)

@@ -30,10 +30,10 @@ def free_port() -> int:
 class Cluster:
     """Two "nodes" with their own local dirs, one shared persistent dir and one output dir."""
 
-    def __init__(self, tmp: Path, nodes: int = 2) -> None:
+    def __init__(self, tmp: Path, nodes: int = 2, persistent: str | None = None) -> None:
         self.tmp = tmp
         self.local = [tmp / f"node{n}-local" for n in range(nodes)]
-        self.persistent = tmp / "persistent"
+        self.persistent: Path | str = persistent or tmp / "persistent"  # a directory or a URL
         self.out = tmp / "out"
         self.goodput = tmp / "goodput"
         for path in [*self.local, self.out, self.goodput]:
@@ -134,6 +134,13 @@ class Cluster:
         return out
 
     def persistent_steps(self) -> list[int]:
+        """Committed persistent steps (on an object store: those with a manifest)."""
+        if isinstance(self.persistent, str):
+            import fsspec  # noqa: PLC0415 -- only object-store tests need it
+
+            fs, path = fsspec.core.url_to_fs(self.persistent, skip_instance_cache=True)
+            found = fs.glob(f"{path}/step_*/manifest.json")
+            return sorted(int(p.rsplit("/", 2)[-2].split("_")[1]) for p in found)
         return sorted(int(p.name.split("_")[1]) for p in self.persistent.glob("step_*"))
 
 

@@ -45,13 +45,14 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--persistent", default=None, help="URL (default: <work-dir>/persistent)")
     args = p.parse_args()
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s: %(message)s")
     ckpt = LocalCheckpointCallback(
         args.work_dir / f"node{rank}",
         local_ckpt_interval=2,
-        persistent_ckpt_dir=args.work_dir / "persistent",
+        persistent_ckpt_dir=args.persistent or args.work_dir / "persistent",
         persistent_ckpt_interval=5,
         node=rank,
         replication_timeout_s=60,

@@ -17,18 +17,22 @@ import pytest
 
 from resiliency.ptl import CheckpointCallbackConfigError, LocalCheckpointCallback
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+
+from s3_harness import BUCKET, filesystem, s3_server
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "ptl_tiers_job.py"
 
 
-def _fit(work: Path, max_steps: int) -> dict:
+def _fit(work: Path, max_steps: int, *extra: str) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
         env.pop(var, None)
     proc = subprocess.Popen(
-        [sys.executable, str(JOB), "--work-dir", str(work), "--max-steps", str(max_steps)],
+        [sys.executable, str(JOB), "--work-dir", str(work), "--max-steps", str(max_steps), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -63,3 +67,22 @@ def test_resume_from_a_peer_replica_after_a_node_lost_its_local_dir(tmp_path: Pa
     second = _fit(tmp_path, 10)
     assert second["resumed_from"] == 8  # the local step (via node 0's replica), not persistent 5
     assert second["global_step"] == 10
+
+
+@pytest.mark.allow_leak("thread", "socket", reason="fsspec's process-wide event loop (s3fs)")
+def test_resume_from_an_object_store_after_every_local_dir_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with s3_server(tmp_path) as env:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        url = f"s3://{BUCKET}/ptl"
+        first = _fit(tmp_path, 8, "--persistent", url)
+        assert first["resumed_from"] is None and first["global_step"] == 8
+        committed = filesystem(env).glob(f"{BUCKET}/ptl/step_*/manifest.json")
+        assert [p.split("/")[-2] for p in committed] == ["step_000000005"]
+        shutil.rmtree(tmp_path / "node0")
+        shutil.rmtree(tmp_path / "node1")
+        second = _fit(tmp_path, 10, "--persistent", url)
+        assert second["resumed_from"] == 5  # from the object store: no local copy is left
+        assert second["global_step"] == 10

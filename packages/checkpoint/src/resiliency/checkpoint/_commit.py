@@ -185,14 +185,21 @@ def _wait_parts(save: Save) -> list[dict[str, Any]] | None:
     return [parts[r] for r in range(save.world)]
 
 
-def _commit(save: Save, parts: list[dict[str, Any]]) -> None:
-    """Rank 0: ``.metadata``, manifest, fsync, rename, fsync root."""
+def write_metadata(save: Save, parts: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    """Rank 0: write DCP's ``.metadata`` into ``save.tmp``; return every file's manifest entry
+    (the ranks' files and ``.metadata``) and the size of ``.metadata``."""
     _dcp.finish(save.tmp, save.metadata, [p["results"] for p in parts])
     files: dict[str, dict[str, Any]] = {}
     for part in parts:
         files.update(part["files"])
     size, crc = _layout.file_checksum(save.tmp / ".metadata")
     files[".metadata"] = {"size": size, "crc32": crc}
+    return files, size
+
+
+def _commit(save: Save, parts: list[dict[str, Any]]) -> None:
+    """Rank 0: ``.metadata``, manifest, fsync, rename, fsync root."""
+    files, size = write_metadata(save, parts)
     for rank in range(save.world):
         (save.tmp / f".part-{rank}.json").unlink()
     manifest = _layout.build_manifest(save.step, save.nonce, save.world, files)
@@ -225,18 +232,45 @@ def _await_commit(save: Save) -> None:
         poll = _sleep(poll)
 
 
+def write_part(save: Save, writer: WriterProcess | None) -> dict[str, Any] | None:
+    """This rank's part of ``save``: its writer's results (or its own, while the writer starts).
+
+    Returns None on failure (recorded in ``save``); never raises.
+    """
+    if save.in_process is not None and save.code == OK:
+        part = _write_in_process(save, save.in_process)
+    else:
+        part = _local_part(save, writer)
+    if part is not None:
+        save.bytes = sum(int(f["size"]) for f in part["files"].values())
+    return part
+
+
+def report(save: Save) -> None:
+    """Record the outcome of ``save`` (goodput event, log) and wake its waiters."""
+    save.total_s = time.monotonic() - save.started
+    if save.code == OK:
+        _events.saved(save.step, save.tier, save.bytes, save.blocked_s, save.total_s)
+        logger.info(
+            "step %d saved: blocked %.3f s, durable after %.3f s, %d bytes from rank %d",
+            save.step,
+            save.blocked_s,
+            save.total_s,
+            save.bytes,
+            save.rank,
+        )
+    else:
+        _events.emit("checkpoint_save_failed", step=save.step, tier=save.tier, error=save.message)
+        logger.error("save of step %d failed: %s", save.step, save.message)
+    save.done.set()
+
+
 def complete(
     save: Save, writer: WriterProcess | None, keep_last: int | None, keep_every: int | None
 ) -> None:
     """Run the whole completion of ``save``; never raises (the outcome is in ``save``)."""
     try:
-        if save.in_process is not None and save.code == OK:
-            part = _write_in_process(save, save.in_process)
-        else:
-            part = _local_part(save, writer)
-        if part is not None:
-            save.bytes = sum(int(f["size"]) for f in part["files"].values())
-        _mark(save, part)
+        _mark(save, write_part(save, writer))
         if save.rank == 0:
             parts = _wait_parts(save) if save.code == OK else None
             if parts is None:
@@ -258,20 +292,4 @@ def complete(
         logger.exception("completing the save of step %d failed", save.step)
         save.fail(IO_FAILED, f"rank {save.rank}: {exc!r}")
     finally:
-        save.total_s = time.monotonic() - save.started
-        if save.code == OK:
-            _events.saved(save.step, save.tier, save.bytes, save.blocked_s, save.total_s)
-            logger.info(
-                "step %d saved: blocked %.3f s, durable after %.3f s, %d bytes from rank %d",
-                save.step,
-                save.blocked_s,
-                save.total_s,
-                save.bytes,
-                save.rank,
-            )
-        else:
-            _events.emit(
-                "checkpoint_save_failed", step=save.step, tier=save.tier, error=save.message
-            )
-            logger.error("save of step %d failed: %s", save.step, save.message)
-        save.done.set()
+        report(save)

@@ -394,10 +394,11 @@ def arena_items(items_json: list[dict[str, Any]], buf: Any) -> list[tuple[WriteI
 
 
 def write_files(
-    directory: Path, prefix: str, items: list[tuple[WriteItem, Any]]
+    directory: Path, prefix: str, items: list[tuple[WriteItem, Any]], *, sync: bool = True
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Write this rank's items with DCP's file-system writer (fsynced); checksum on the fly."""
-    writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
+    """Write this rank's items with DCP's file-system writer (fsynced when ``sync``), and
+    checksum them on the fly."""
+    writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=sync)
     fs = ChecksumFileSystem()
     writer.fs = fs
     plan = SavePlan([item for item, _ in items], storage_data=_StoragePrefix(prefix))
@@ -424,7 +425,12 @@ def write_request(request: dict[str, Any], buf: Any) -> dict[str, Any]:
     """
     items = arena_items(request["items"], buf)
     try:
-        results, files = write_files(Path(request["dir"]), str(request["prefix"]), items)
+        results, files = write_files(
+            Path(request["dir"]),
+            str(request["prefix"]),
+            items,
+            sync=bool(request.get("sync", True)),
+        )
     finally:
         del items  # the arena's views go before it may be remapped
     return {"type": "done", "job": request["job"], "results": results, "files": files}

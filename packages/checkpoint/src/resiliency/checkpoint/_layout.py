@@ -120,6 +120,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: missing") from None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: unreadable ({exc})") from None
+    return check_manifest(manifest, path)
+
+
+def check_manifest(manifest: Any, where: Path | str) -> dict[str, Any]:
+    """Validate a parsed manifest read from ``where``; raise ``ValueError`` naming it."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if (
         not isinstance(manifest, dict)
@@ -128,7 +133,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         or not files
         or manifest.get("checksum") != CHECKSUM
     ):
-        raise ValueError(f"{path}: not a valid manifest")
+        raise ValueError(f"{where}: not a valid manifest")
     for name, entry in files.items():
         if (
             "/" in name
@@ -137,7 +142,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             or not isinstance(entry.get("size"), int)
             or not isinstance(entry.get(CHECKSUM), str)
         ):
-            raise ValueError(f"{path}: bad entry for {name!r}")
+            raise ValueError(f"{where}: bad entry for {name!r}")
     return manifest
 
 
@@ -185,19 +190,22 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def apply_retention(root: Path, keep_last: int | None, keep_every: int | None) -> list[int]:
-    """Delete committed steps beyond ``keep_last`` that ``keep_every`` does not keep."""
+def retention_victims(steps: list[int], keep_last: int | None, keep_every: int | None) -> list[int]:
+    """The committed steps retention deletes: beyond ``keep_last``, not kept by ``keep_every``."""
     if keep_last is None:
         return []
-    steps = committed_steps(root)
+    steps = sorted(steps)
     keep = set(steps[-keep_last:]) if keep_last > 0 else set()
     if keep_every:
         keep |= {s for s in steps if s % keep_every == 0}
-    removed = []
-    for step in steps:
-        if step not in keep:
-            remove_tree(step_dir(root, step))
-            removed.append(step)
+    return [s for s in steps if s not in keep]
+
+
+def apply_retention(root: Path, keep_last: int | None, keep_every: int | None) -> list[int]:
+    """Delete committed steps beyond ``keep_last`` that ``keep_every`` does not keep."""
+    removed = retention_victims(committed_steps(root), keep_last, keep_every)
+    for step in removed:
+        remove_tree(step_dir(root, step))
     if removed:
         fsync_dir(root)
         logger.info("retention removed steps %s under %s", removed, root)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _agree, _layout
-from .errors import CheckpointCorruptError, NoCheckpointError
+from . import _agree, _json_collectives, _layout
+from .errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
 
 logger = logging.getLogger("resiliency.checkpoint.manager")
 
@@ -62,3 +66,32 @@ def agree_on_step(
             )
         return None, 0
     return mins[0], verdicts[mins[0]][2]
+
+
+def load_step(
+    state: dict[str, Any], path: Path, rank: int, group: dist.ProcessGroup | None
+) -> None:
+    """Load the agreed committed step at ``path`` into ``state`` on every rank (collective).
+
+    Raises:
+        CheckpointError: on every rank, naming each rank's failure, when loading failed on any.
+    """
+    failure: BaseException | None = None
+    try:
+        with warnings.catch_warnings():
+            # Each rank loads on its own (below); DCP's "assuming a single process" is noise.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            # no_dist on every rank: DCP's load would exchange the read plans with pickled
+            # object collectives (ARCHITECTURE decision 1), and for these checkpoints the
+            # exchange changes nothing. Every rank reads the global .metadata and plans its
+            # own reads; the global step (DefaultLoadPlanner.create_global_plan and
+            # FileSystemReader.prepare_global_plan, torch 2.13) returns the local plans as
+            # they are. What the exchange gave besides, a failure on one rank raised on
+            # every rank, the JSON all-gather below gives.
+            dcp.load(state, checkpoint_id=path, no_dist=True)
+    except (Exception, CheckpointException) as exc:
+        failure = exc
+    mine = f"rank {rank}: {failure}" if failure is not None else ""
+    errors = [e for e in _json_collectives.all_gather_json(mine, group) if e]
+    if errors:
+        raise CheckpointError(f"loading {path} failed: {'; '.join(errors)}") from failure

@@ -93,6 +93,7 @@ class TieredCheckpoints:
         writer_timeout_s: float,
         control_group: dist.ProcessGroup | None,
     ) -> None:
+        from ._remote_manager import RemoteCheckpointManager  # noqa: PLC0415 -- as below
         from .manager import CheckpointManager  # noqa: PLC0415 -- the manager imports us
 
         self.local_tier, self.persistent_tier = _split(root, tiers)
@@ -101,7 +102,15 @@ class TieredCheckpoints:
         self.rank = dist.get_rank(control_group) if control_group is not None else 0
         self.world = dist.get_world_size(control_group) if control_group is not None else 1
         self.persistent: Any = None
-        if self.persistent_tier is not None:
+        if self.persistent_tier is not None and self.persistent_tier.is_remote():
+            self.persistent = RemoteCheckpointManager(
+                self.persistent_tier,
+                async_save=async_save,
+                process_group=process_group,
+                writer_timeout_s=writer_timeout_s,
+                eager_writer=self.local_tier is None,
+            )
+        elif self.persistent_tier is not None:
             self.persistent = CheckpointManager(
                 self.persistent_tier.local_path(),
                 keep_last=self.persistent_tier.keep_last,
@@ -116,7 +125,9 @@ class TieredCheckpoints:
         self.local: LocalSaver | None = None
         if self.local_tier is not None:
             self.local = LocalSaver(self.local_tier, control_group, writer_timeout_s)
-        self.root = self.persistent.root if self.persistent is not None else None
+        self.root: Any = None  # the persistent tier's directory or URL
+        if self.persistent is not None:
+            self.root = getattr(self.persistent, "url", self.persistent.root)
         self._closed = False
 
     def due(self, step: int, tier: str | None) -> tuple[bool, bool]:

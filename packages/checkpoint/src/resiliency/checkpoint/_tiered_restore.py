@@ -117,6 +117,8 @@ class TieredRestore:
                 failed_persistent.add(chosen)
                 continue
             return (chosen, "persistent", 0) if got is not None else None
+        if step is not None and tried_any:
+            raise CheckpointCorruptError(f"step {step} failed verification on every tier")
         if step is not None:
             raise NoCheckpointError(f"step {step} can be assembled from no tier")
         if tried_any:

@@ -357,14 +357,14 @@ def load_verified(state: dict[str, Any], directory: Path) -> int:
     try:
         dcp.load(state, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:
-        corrupt = _corruption_in(exc)
+        corrupt = corruption_in(exc)
         if corrupt is not None:
             raise corrupt from exc
         raise
     return reader.direct_bytes
 
 
-def _corruption_in(exc: BaseException) -> CorruptShardError | None:
+def corruption_in(exc: BaseException) -> CorruptShardError | None:
     """DCP wraps a reader's exception (``CheckpointException``); find ours inside it."""
     seen: set[int] = set()
     stack: list[Any] = [exc]

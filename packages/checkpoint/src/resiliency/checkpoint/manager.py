@@ -11,7 +11,6 @@ import logging
 import secrets
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,17 +18,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _agree, _dcp, _events, _json_collectives, _layout, _restore, _staging
+from . import _agree, _dcp, _events, _layout, _restore, _staging
 from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
 from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
-from .errors import (
-    CheckpointError,
-    SaveFailedError,
-    WriterFailedError,
-)
+from .errors import CheckpointError, SaveFailedError, WriterFailedError
+from .tiers import PersistentTier, _is_url
 
 __all__ = ["CheckpointManager", "SaveHandle"]
 
@@ -75,7 +69,9 @@ class CheckpointManager:
     """Save and restore training state as standard DCP checkpoints under ``root``.
 
     Args:
-        root: directory holding ``step_<N:09d>/`` checkpoints (shared by all ranks).
+        root: directory holding ``step_<N:09d>/`` checkpoints (shared by all ranks), or an
+            object-store URL such as ``s3://bucket/ckpt`` (fsspec; see docs/checkpoint_tiers.md,
+            "Object stores").
         keep_last: keep the newest N committed steps (None: keep all).
         keep_every: also keep forever every step divisible by this number.
         async_save: when False, ``save`` returns only once the step is committed.
@@ -91,6 +87,9 @@ class CheckpointManager:
             (``root`` is then None; see :mod:`resiliency.checkpoint.tiers`). ``load`` restores
             the newest step every rank can assemble, nearest tier first.
     """
+
+    _accepts_urls = False  # True in the object-store subclass, which this one builds for URLs
+    _sync_files = True  # the writer fsyncs what it writes (the files are the checkpoint)
 
     def __init__(
         self,
@@ -117,7 +116,12 @@ class CheckpointManager:
             return
         if root is None:
             raise ValueError("root is required unless tiers are given")
-        self.root = Path(root).resolve()
+        if not self._accepts_urls and _is_url(root) and PersistentTier(root).is_remote():
+            # An object store commits differently (see _remote_manager); it is the tiered
+            # engine's persistent tier, with no local tier.
+            store = PersistentTier(root, keep_last=keep_last, keep_every=keep_every)
+            self._init_tiers(None, [store], async_save, process_group, writer_timeout_s)
+            return
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
@@ -126,9 +130,7 @@ class CheckpointManager:
         self._group = _control_group(process_group)
         self.rank = dist.get_rank(self._group) if self._group is not None else 0
         self.world_size = dist.get_world_size(self._group) if self._group is not None else 1
-        self.root.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            _layout.remove_stale(self.root)
+        self.root = self._open_root(root)
         self._arena = _staging.Arena()
         self._writer: WriterProcess | None = WriterProcess() if eager_writer else None
         self._inflight: Save | None = None
@@ -143,6 +145,14 @@ class CheckpointManager:
         self._closed = False
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._writer, self._arena)
+
+    def _open_root(self, root: str | Path) -> Path:
+        """Make the root ready (collective); return the directory the writer writes under."""
+        path = PersistentTier(root).local_path().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            _layout.remove_stale(path)
+        return path
 
     def _init_tiers(
         self, root: Any, tiers: Sequence[Any], async_save: bool, group: Any, timeout: float
@@ -218,19 +228,11 @@ class CheckpointManager:
         except Exception as exc:
             writer_error = f"rank {self.rank}: checkpoint writer unusable: {exc}"
         state_dict = _dcp.to_state_dict(state)
-
-        def decide() -> dict[str, Any]:
-            if _layout.step_dir(self.root, step).exists():
-                return {"skip": True}
-            nonce = secrets.randbits(48)
-            _layout.tmp_dir(self.root, step, f"{nonce:012x}").mkdir()
-            return {"nonce": nonce}
-
         plan, decision = _dcp.make_plan(
             state_dict,
             self._group,
             {"path": self.root},
-            decide,
+            lambda: self._decide(step),
             cache=self._plan_cache,
             early=None if writer_error else self._stage,
         )
@@ -243,11 +245,12 @@ class CheckpointManager:
             logger.info("step %d is already committed under %s; not saved again", step, self.root)
             return SaveHandle(self, None, step)
         nonce = f"{int(decision['nonce']):012x}"
+        tmp, final = self._attempt_dirs(step, nonce)
         save = Save(
             step=step,
             nonce=nonce,
-            tmp=_layout.tmp_dir(self.root, step, nonce),
-            final=_layout.step_dir(self.root, step),
+            tmp=tmp,
+            final=final,
             rank=self.rank,
             world=self.world_size,
             tier=self.tier,
@@ -270,8 +273,8 @@ class CheckpointManager:
         save.handed_over = time.monotonic()  # the writer's deadline counts from here
         self._inflight = save
         save.thread = threading.Thread(
-            target=complete,
-            args=(save, self._writer if save.code == OK else None, self.keep_last, self.keep_every),
+            target=self._complete,
+            args=(save, self._writer if save.code == OK else None),
             name=f"ckpt-complete-{step}",
             daemon=True,
         )
@@ -280,6 +283,33 @@ class CheckpointManager:
         if not self.async_save:
             handle.wait()
         return handle
+
+    # ------------------------------------------------------------------ storage hooks
+    # What differs between a shared file system (here) and an object store (_remote_manager).
+    def _decide(self, step: int) -> dict[str, Any]:
+        """Rank 0, before a save: skip a committed step, else draw the attempt's nonce."""
+        if _layout.step_dir(self.root, step).exists():
+            return {"skip": True}
+        nonce = secrets.randbits(48)
+        _layout.tmp_dir(self.root, step, f"{nonce:012x}").mkdir()
+        return {"nonce": nonce}
+
+    def _attempt_dirs(self, step: int, nonce: str) -> tuple[Path, Path]:
+        """The directory this rank's writer writes into, and the step's committed directory."""
+        return _layout.tmp_dir(self.root, step, nonce), _layout.step_dir(self.root, step)
+
+    def _file_prefix(self, prefix: str, nonce: str) -> str:
+        """The name prefix of this rank's data files (DCP's own here)."""
+        return prefix
+
+    def _complete(self, save: Save, writer: WriterProcess | None) -> None:
+        """The completion thread: this rank's part, then the commit (never raises)."""
+        complete(save, writer, self.keep_last, self.keep_every)
+
+    def _discard(self, save: Save) -> None:
+        """Rank 0, after every rank agreed a save failed: remove what it left."""
+        _layout.remove_tree(save.tmp)
+        _layout.remove_tree(save.tmp.with_name(".trash-" + save.tmp.name.lstrip(".")))
 
     def _ensure_writer(self) -> WriterProcess:
         if self._writer is None or not self._writer.alive():
@@ -310,7 +340,8 @@ class CheckpointManager:
             "type": "save",
             "job": save.nonce,
             "dir": str(save.tmp),
-            "prefix": plan.prefix,
+            "prefix": self._file_prefix(plan.prefix, save.nonce),
+            "sync": self._sync_files,
             "items": [
                 d if view is not None else _dcp.item_to_json(item, slot.offset, slot.nbytes)
                 for d, view, item, slot in zip(
@@ -379,8 +410,7 @@ class CheckpointManager:
                 )
                 logger.error("%s", save.error)
                 if self.rank == 0:
-                    _layout.remove_tree(save.tmp)
-                    _layout.remove_tree(save.tmp.with_name(".trash-" + save.tmp.name.lstrip(".")))
+                    self._discard(save)
             save.resolved = True
             if self._inflight is save:
                 self._inflight = None
@@ -412,35 +442,12 @@ class CheckpointManager:
         """
         if self._tiered is not None:
             return self._tiered.load(state, step)
-        if self._closed:
-            raise CheckpointError("the CheckpointManager is closed")
-        with contextlib.suppress(SaveFailedError):
-            self.wait()
-        _events.emit("checkpoint_load_started", tier=self.tier)
-        t0 = time.monotonic()
+        t0 = self._begin_load()
         chosen, nbytes = self._agree_on_step(step)
         if chosen is None:
             return None
         path = _layout.step_dir(self.root, chosen)
-        failure: BaseException | None = None
-        try:
-            with warnings.catch_warnings():
-                # Each rank loads on its own (below); DCP's "assuming a single process" is noise.
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                # no_dist on every rank: DCP's load would exchange the read plans with pickled
-                # object collectives (ARCHITECTURE decision 1), and for these checkpoints the
-                # exchange changes nothing. Every rank reads the global .metadata and plans its
-                # own reads; the global step (DefaultLoadPlanner.create_global_plan and
-                # FileSystemReader.prepare_global_plan, torch 2.13) returns the local plans as
-                # they are. What the exchange gave besides, a failure on one rank raised on
-                # every rank, the JSON all-gather below gives.
-                dcp.load(state, checkpoint_id=path, no_dist=True)
-        except (Exception, CheckpointException) as exc:
-            failure = exc
-        mine = f"rank {self.rank}: {failure}" if failure is not None else ""
-        errors = [e for e in _json_collectives.all_gather_json(mine, self._group) if e]
-        if errors:
-            raise CheckpointError(f"loading {path} failed: {'; '.join(errors)}") from failure
+        _restore.load_step(state, path, self.rank, self._group)
         duration = time.monotonic() - t0
         _events.emit(
             "checkpoint_loaded",
@@ -451,6 +458,15 @@ class CheckpointManager:
         )
         logger.info("loaded step %d from %s in %.3f s", chosen, path, duration)
         return chosen
+
+    def _begin_load(self) -> float:
+        """What every load does first: settle the save in flight, record the start."""
+        if self._closed:
+            raise CheckpointError("the CheckpointManager is closed")
+        with contextlib.suppress(SaveFailedError):
+            self.wait()
+        _events.emit("checkpoint_load_started", tier=self.tier)
+        return time.monotonic()
 
     def _agree_on_step(self, step: int | None) -> tuple[int | None, int]:
         return _restore.agree_on_step(self.root, self.rank, self.world_size, self._group, step)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 __all__ = ["LocalTier", "PersistentTier", "Tier"]
@@ -77,37 +78,67 @@ class LocalTier:
 
 @dataclass(frozen=True)
 class PersistentTier:
-    """A shared file system every rank sees (a path or a ``file://`` URL).
+    """Storage every rank reaches: a shared file system, or an object store through fsspec.
+
+    A local path or ``file://`` URL is a shared file system: each step is committed by an
+    atomic directory rename. Any other fsspec URL (``s3://bucket/ckpt``, ``gs://...``,
+    ``az://...``) is an object store: each rank writes its files into a node-local spool
+    directory, uploads them under names that carry the save's nonce, and rank 0 uploads the
+    step's ``manifest.json`` last, as its commit point. Either way a committed step is a
+    standard DCP checkpoint (``dcp.load(checkpoint_id=url)`` reads it). Object stores need
+    ``pip install 'resiliency-checkpoint[remote]'`` and the store's fsspec driver
+    (``s3fs``, ``gcsfs``, ``adlfs``).
 
     Args:
-        path: the shared directory, or a ``file://`` URL.
+        path: the shared directory, or a URL.
         every: save on this tier every N steps.
         keep_last: committed steps kept (None: all).
         keep_every: also keep forever every step divisible by this number.
+        storage_options: keyword arguments for the fsspec file system of a URL (credentials,
+            ``endpoint_url``...); default: the driver's own (environment, config files).
+        spool_dir: node-local directory a rank writes its files into before uploading them,
+            and downloads them into when restoring (object stores only); default: the
+            system's temporary directory. It needs room for one step's share of the rank.
     """
 
     path: str | Path
     every: int = 1
     keep_last: int | None = 3
     keep_every: int | None = None
+    storage_options: dict[str, Any] | None = None
+    spool_dir: str | Path | None = None
 
     name = "persistent"
 
     def __post_init__(self) -> None:
         _check_every(self.every)
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {self.keep_last}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ValueError(f"keep_every must be >= 1 or None, got {self.keep_every}")
+        if self.storage_options is not None and not self.is_remote():
+            raise ValueError(
+                f"persistent tier {str(self.path)!r}: storage_options apply to URLs only"
+            )
+
+    def is_remote(self) -> bool:
+        """Whether ``path`` is an object-store URL (anything but a path or ``file://``)."""
+        return _is_url(self.path) and urlparse(str(self.path)).scheme not in ("file", "")
 
     def local_path(self) -> Path:
-        """The directory behind ``path``; raise ``ValueError`` for an unsupported URL."""
+        """The directory behind a path or ``file://`` URL; raise ``ValueError`` for others."""
         text = str(self.path)
-        if "://" not in text:
+        if not _is_url(text):
             return Path(text)
         url = urlparse(text)
         if url.scheme == "file":
             return Path(url.path)
-        raise ValueError(
-            f"persistent tier {text!r}: only local paths and file:// URLs are supported "
-            "(mount object storage with a FUSE file system, or see docs/checkpoint.md)"
-        )
+        raise ValueError(f"persistent tier {text!r} is an object store, not a directory")
+
+
+def _is_url(path: str | Path) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a file-system path."""
+    return isinstance(path, str) and "://" in path
 
 
 Tier = LocalTier | PersistentTier

@@ -78,7 +78,9 @@ class DistributedCheckpointCallback(CallbackBase):
     """Save every N optimizer steps on all ranks, asynchronously; resume from the latest step.
 
     Args:
-        dirpath: checkpoint root, shared by all ranks (``step_<N:09d>/`` directories).
+        dirpath: checkpoint root, shared by all ranks (``step_<N:09d>/`` directories): a
+            directory, or an object-store URL such as ``s3://bucket/ckpt`` (needs fsspec and
+            the store's driver; see docs/checkpoint.md, "Object stores").
         every_n_train_steps: save when ``trainer.global_step`` is a multiple of this.
         keep_last: keep the newest N steps (None: all).
         keep_every: also keep every step divisible by this number forever.
@@ -107,7 +109,10 @@ class DistributedCheckpointCallback(CallbackBase):
             raise CheckpointCallbackConfigError(
                 f"every_n_train_steps must be >= 1, got {every_n_train_steps}"
             )
-        self.dirpath = Path(dirpath)
+        # A URL (s3://...) stays a string: Path would fold its "//".
+        self.dirpath: str | Path = (
+            dirpath if isinstance(dirpath, str) and "://" in dirpath else Path(dirpath)
+        )
         self.every_n_train_steps = every_n_train_steps
         self._manager_kwargs: dict[str, Any] = {
             "keep_last": keep_last,
