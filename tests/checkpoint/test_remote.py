@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +31,11 @@ from s3_harness import BUCKET, filesystem, s3_server
 from tiers_harness import Cluster
 
 from resiliency.checkpoint import (
+    AppState,
     CheckpointError,
     CheckpointManager,
+    EmergencyCheckpoint,
+    LocalTier,
     NoCheckpointError,
     PersistentTier,
     SaveFailedError,
@@ -185,6 +189,39 @@ def test_single_process_round_trip_and_errors(tmp_path: Path, s3: dict[str, str]
     assert not list(
         Path(tempfile.gettempdir()).glob(f"resiliency-spool-*/rank0-pid{os.getpid()}-*")
     )
+
+
+def test_an_emergency_save_lands_in_the_object_store(tmp_path: Path, s3: dict[str, str]) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    state = {"app": AppState(model, opt)}
+    manager = CheckpointManager(
+        None,
+        tiers=[
+            LocalTier(tmp_path / "local", every=10, replicas=0),
+            PersistentTier(URL, every=100, spool_dir=tmp_path / "spool"),
+        ],
+    )
+    codes: list[int] = []
+    ec = EmergencyCheckpoint(manager, lead=2, exit_fn=codes.append)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop = next(step for step in range(1, 50) if ec.should_stop(step))
+        with pytest.raises(SystemExit) as exited:
+            ec.save_and_exit(stop, state)
+        assert exited.value.code == 0 and codes == [0]
+        assert "manifest.json" in _objects(s3, stop)  # committed in the store before the exit
+    finally:
+        ec.close()
+        manager.close()
+    torch.manual_seed(1)
+    fresh = torch.nn.Linear(4, 2)
+    assert not torch.equal(fresh.weight, model.weight)
+    shutil.rmtree(tmp_path / "local")
+    with CheckpointManager(URL) as again:
+        assert again.load({"app": AppState(fresh, torch.optim.AdamW(fresh.parameters()))}) == stop
+    assert torch.equal(fresh.weight, model.weight)
 
 
 def test_memory_and_unknown_protocols_are_refused_with_a_hint() -> None:
