@@ -192,3 +192,21 @@ def test_launcher_verdict(
     finally:
         p.close()
     assert not p.directory.exists()
+
+
+def test_exit_infos_of_a_restarted_attempt_do_not_make_a_finished_job_preempted(
+    tmp_path: Path,
+) -> None:
+    # Attempt 0: a hang restart, during which both ranks saved and left their exit infos.
+    p = Preemption(30.0)
+    try:
+        for rank in (0, 1):
+            (p.directory / f"rank_{rank}.json").write_text('{"reason": "preempted", "step": 32}')
+        assert p.verdict({0: 0, 1: 0}) is not None  # what the stale files alone would say
+        p.new_attempt()  # attempt 1 starts, then finishes cleanly
+        assert p.verdict({0: 0, 1: 0}) is None
+        (p.directory / "rank_0.json").write_text('{"reason": "preempted", "step": 40}')
+        detail = p.verdict({0: 75, 1: -15})  # a real preemption of attempt 1
+        assert detail is not None and detail.startswith("preempted, saved step 40"), detail
+    finally:
+        p.close()

@@ -38,6 +38,7 @@ from resiliency.launcher.preemption import (
     env_for,
     is_preempted,
     launcher_stopping,
+    new_attempt,
     worker_codes,
 )
 from resiliency.launcher.round_watch import RoundWatcher
@@ -160,6 +161,7 @@ class FtElasticAgent(CompatAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._monitors.start_all()
+        new_attempt(self._settings.preemption)
         launcher_stopping(self._settings.preemption, False)
         pids: dict[int, Any]
         if self._settings.fork_server is None:

@@ -73,6 +73,19 @@ class Preemption:
         except OSError as exc:
             logger.warning("cannot set the workers' stop mark %s: %s", self._mark, exc)
 
+    def new_attempt(self) -> None:
+        """Forget the exit infos of the workers of an earlier attempt (before new ones start).
+
+        A rank of an attempt the launcher restarted (a hang, a failure) may have saved and left
+        its exit info; read at the end of a later attempt whose workers all exit 0, it would
+        turn a finished job into a preempted one.
+        """
+        for path in self.directory.glob("rank_*.json"):
+            try:
+                path.unlink()
+            except OSError as exc:
+                logger.warning("cannot remove the stale exit info %s: %s", path, exc)
+
     def worker_env(self) -> dict[str, str]:
         """The environment every worker gets."""
         return {
@@ -158,6 +171,12 @@ def clean_up(preemption: Preemption | None) -> None:
     """Remove the exit-info directory, if any."""
     if preemption is not None:
         preemption.close()
+
+
+def new_attempt(preemption: Preemption | None) -> None:
+    """Workers are about to start: the previous attempt's exit infos no longer apply."""
+    if preemption is not None:
+        preemption.new_attempt()
 
 
 def launcher_stopping(preemption: Preemption | None, stopping: bool) -> None:
