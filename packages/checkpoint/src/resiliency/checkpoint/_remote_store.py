@@ -55,8 +55,12 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[A
             f"persistent tier {url!r} needs fsspec: pip install 'resiliency-checkpoint[remote]' "
             "and the store's driver (s3fs, gcsfs, adlfs)"
         ) from exc
+    # A file system of our own, never fsspec's cached instance: that one is keyed by the
+    # arguments only, so it would keep an endpoint or credentials read from the environment
+    # when an earlier manager of this process opened the same URL.
+    options = {"skip_instance_cache": True, **(storage_options or {})}
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
         raise CheckpointError(
             f"persistent tier {url!r}: fsspec cannot open it: {exc} (install the store's "
