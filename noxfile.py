@@ -1,11 +1,14 @@
 """Every way to test, lint, build, benchmark and demo the resiliency monorepo.
 
-Each per-package session installs only that package and its declared dependencies into a fresh
-environment, which proves the wheel stands alone. Torch is pinned through ``constraints.txt`` so no
-session ever pulls a CUDA build on a CPU machine.
+Each session names only the packages it tests; their sibling dependencies come from this checkout
+by themselves (a uv workspace: the root ``pyproject.toml`` and each package's
+``[tool.uv.sources]``), so a new dependency between packages never needs a noxfile change. Each
+per-package session installs only that package and what it declares into a fresh environment, which
+proves the wheel stands alone. Torch is pinned through ``constraints.txt`` so no session ever pulls
+a CUDA build on a CPU machine.
 
     nox                 # the test suite (what CI runs)
-    nox -s demo         # the hang-detection demo
+    nox -s demo         # the whole toolkit against torchrun, under the same faults (~2 min)
     nox -s bench        # speed measurements
     nox -l              # every session
 """
@@ -48,7 +51,12 @@ nox.options.sessions = [
     "ptl",
     "ptl_standalone",
     "integration",
+    "build",
 ]
+# Sessions that run no tests carry this tag: CI resolves and installs each of them
+# (`nox --install-only -t install-in-ci`), so a broken install is found before a user finds it.
+# `demo` is not tagged: CI runs it in full (the README's first command).
+INSTALL_IN_CI = ["install-in-ci"]
 
 
 def _pip_find_links() -> str | None:
@@ -89,7 +97,12 @@ def _configure_environment() -> None:
 _configure_environment()
 
 
-def _install(session: nox.Session, *args: str) -> None:
+def _install(session: nox.Session, *requirements: str) -> None:
+    """Install requirements; ``pkg:NAME[extras]`` is the package in ``packages/NAME``.
+
+    Only the packages a session tests are named: uv takes their siblings from the workspace.
+    """
+    args = [_pkg(r.removeprefix("pkg:")) if r.startswith("pkg:") else r for r in requirements]
     session.install("-c", str(CONSTRAINTS), *args)
 
 
@@ -98,35 +111,40 @@ def _pytest(session: nox.Session, *paths: str) -> None:
     session.run("pytest", *paths, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": "0"})
 
 
-def _pkg(name: str) -> str:
-    return str(PACKAGES / name)
+def _pkg(spec: str) -> str:
+    """``NAME[extras]`` -> the path of ``packages/NAME`` with the extras."""
+    name, bracket, extras = spec.partition("[")
+    path = PACKAGES / name
+    if not (path / "pyproject.toml").is_file():
+        raise ValueError(f"noxfile: no package at {path}")
+    return f"{path}{bracket}{extras}"
 
 
 @nox.session(python=ALL_PYTHONS)
 def ft_core(session: nox.Session) -> None:
     """resiliency-ft-core alone (pydantic + pyyaml, no torch)."""
-    _install(session, _pkg("ft-core"), *TEST_DEPS)
+    _install(session, "pkg:ft-core", *TEST_DEPS)
     _pytest(session, "tests/ft_core", "tests/compat/test_ft_core.py")
 
 
 @nox.session(python=ALL_PYTHONS)
 def straggler(session: nox.Session) -> None:
     """resiliency-straggler alone: no torch, no CUDA, no siblings."""
-    _install(session, _pkg("straggler"), *TEST_DEPS)
+    _install(session, "pkg:straggler", *TEST_DEPS)
     _pytest(session, "tests/straggler", "tests/compat/test_straggler.py")
 
 
 @nox.session(python=ALL_PYTHONS)
 def goodput(session: nox.Session) -> None:
     """resiliency-goodput alone: stdlib only (the plot extra is tested in ``integration``)."""
-    _install(session, _pkg("goodput"), *TEST_DEPS)
+    _install(session, "pkg:goodput", *TEST_DEPS)
     _pytest(session, "tests/goodput")
 
 
 @nox.session(python=TORCH_PYTHON)
 def checkpoint(session: nox.Session) -> None:
     """resiliency-checkpoint with its dependencies (goodput, torch)."""
-    _install(session, _pkg("goodput"), _pkg("checkpoint") + "[remote]", *S3_TEST_DEPS, *TEST_DEPS)
+    _install(session, "pkg:checkpoint[remote]", *S3_TEST_DEPS, *TEST_DEPS)
     # The trials under two ft-launchers need the launcher: they run in `integration`.
     _pytest(session, "tests/checkpoint", *(f"--ignore={t}" for t in CHECKPOINT_LAUNCHER_TESTS))
 
@@ -134,29 +152,14 @@ def checkpoint(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def simulator(session: nox.Session) -> None:
     """resiliency-simulator, with the launcher and checkpoint package its fault matrix drives."""
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("goodput"),
-        _pkg("checkpoint"),
-        _pkg("ft-launcher"),
-        _pkg("simulator"),
-        *TEST_DEPS,
-    )
+    _install(session, "pkg:simulator", "pkg:ft-launcher", "pkg:checkpoint", *TEST_DEPS)
     _pytest(session, "tests/simulator")
 
 
 @nox.session(python=TORCH_PYTHON)
 def supervisor(session: nox.Session) -> None:
     """resiliency-supervisor with the launcher it drives; etcd tests need the `etcd` binary."""
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("goodput"),
-        _pkg("ft-launcher"),
-        _pkg("supervisor") + "[etcd]",
-        *TEST_DEPS,
-    )
+    _install(session, "pkg:supervisor[etcd]", "pkg:ft-launcher", *TEST_DEPS)
     _pytest(session, "tests/supervisor")
 
 
@@ -166,8 +169,7 @@ def straggler_cupti(session: nox.Session) -> None:
     # nanobind and scikit-build-core let the tests build the stub variant of the wheel too.
     _install(
         session,
-        _pkg("straggler"),
-        _pkg("straggler-cupti"),
+        "pkg:straggler-cupti",
         "nanobind>=2",
         "scikit-build-core>=0.10",
         *TEST_DEPS,
@@ -178,15 +180,12 @@ def straggler_cupti(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def ft_launcher(session: nox.Session) -> None:
     """resiliency-ft-launcher with its dependencies (ft-core, goodput, torch)."""
-    _install(session, _pkg("ft-core"), _pkg("goodput"), _pkg("ft-launcher"), *TEST_DEPS)
+    _install(session, "pkg:ft-launcher", *TEST_DEPS)
     _pytest(session, "tests/ft_launcher", "tests/compat/test_ft_launcher.py")
 
 
-# resiliency-ptl with its dependencies, and ft-launcher for the end-to-end tests.
-PTL_PACKAGES = tuple(
-    _pkg(name)
-    for name in ("ft-core", "straggler", "goodput", "checkpoint", "ft-launcher", "ptl-resiliency")
-)
+# resiliency-ptl (its dependencies come with it), and ft-launcher for the end-to-end tests.
+PTL_PACKAGES = ("pkg:ptl-resiliency", "pkg:ft-launcher")
 
 
 @nox.session(python=TORCH_PYTHON)
@@ -232,21 +231,19 @@ def ptl_standalone(session: nox.Session) -> None:
     )
 
 
+# Every pure-Python package (straggler-cupti, the one compiled package, has its own session).
+ALL_PACKAGES = (
+    "pkg:ft-launcher[supervisor]",
+    "pkg:supervisor[etcd]",
+    "pkg:ptl-resiliency",
+    "pkg:simulator",
+    "pkg:checkpoint",
+    "pkg:goodput[plot]",
+)
+
+
 def _install_everything(session: nox.Session) -> None:
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("ft-launcher"),
-        _pkg("straggler"),
-        _pkg("goodput"),
-        _pkg("checkpoint"),
-        _pkg("simulator"),
-        _pkg("supervisor") + "[etcd]",
-        _pkg("ptl-resiliency"),
-        "torch",
-        "matplotlib",
-        *TEST_DEPS,
-    )
+    _install(session, *ALL_PACKAGES, *TEST_DEPS)
 
 
 @nox.session(python=TORCH_PYTHON)
@@ -276,19 +273,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=TORCH_PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy over the public modules of every pure-Python package."""
-    _install(
-        session,
-        _pkg("ft-core"),
-        _pkg("straggler"),
-        _pkg("ft-launcher"),
-        _pkg("goodput"),
-        _pkg("checkpoint"),
-        _pkg("simulator"),
-        _pkg("supervisor"),
-        _pkg("ptl-resiliency"),
-        "mypy>=1.10",
-        "types-PyYAML",
-    )
+    _install(session, *ALL_PACKAGES, "mypy>=1.10", "types-PyYAML")
     session.run(
         "mypy",
         *("-p", "resiliency.ft"),
@@ -304,34 +289,48 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON)
 def build(session: nox.Session) -> None:
-    """Build every wheel into dist/."""
-    _install(session, "build")
-    for pkg in sorted(p.name for p in PACKAGES.iterdir() if (p / "pyproject.toml").is_file()):
-        session.run("uv", "build", "--wheel", "--out-dir", "dist", _pkg(pkg), external=True)
+    """Build every wheel into dist/, without workspace sources: each builds from its own folder."""
+    session.run(
+        "uv",
+        "build",
+        "--all-packages",
+        "--no-sources",
+        "--wheel",
+        "--out-dir",
+        "dist",
+        external=True,
+    )
 
 
 @nox.session(python=TORCH_PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: ft-launcher runs DDP training; a rank hangs; the group restarts, finishes."""
-    _install(session, _pkg("ft-core"), _pkg("ft-launcher"))
+    """The whole toolkit against torchrun: the same hang, crash and preemption; goodput of both."""
+    _install(session, "pkg:ptl-resiliency", "pkg:ft-launcher", "pkg:simulator", "pkg:goodput[plot]")
+    session.run("python", "examples/demo.py", *session.posargs)
+
+
+@nox.session(python=TORCH_PYTHON, tags=INSTALL_IN_CI)
+def demo_hang(session: nox.Session) -> None:
+    """ft-launcher runs DDP training; a rank hangs; the group restarts and finishes."""
+    _install(session, "pkg:ft-launcher")
     session.run("python", "examples/demo_launcher.py", *session.posargs)
 
 
-@nox.session(python=TORCH_PYTHON)
+@nox.session(python=TORCH_PYTHON, tags=INSTALL_IN_CI)
 def demo_monitor(session: nox.Session) -> None:
     """One rank and its monitor, no launcher: the rank hangs, is stack-dumped and killed."""
-    _install(session, _pkg("ft-core"))
+    _install(session, "pkg:ft-core")
     session.run("python", "examples/demo_hang.py", *session.posargs)
 
 
-@nox.session(python=TORCH_PYTHON)
+@nox.session(python=TORCH_PYTHON, tags=INSTALL_IN_CI)
 def bench(session: nox.Session) -> None:
     """Speed and overhead measurements; prints one table and writes benchmarks/results/."""
     _install_everything(session)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
-@nox.session(python=TORCH_PYTHON)
+@nox.session(python=TORCH_PYTHON, tags=INSTALL_IN_CI)
 def bench_goodput(session: nox.Session) -> None:
     """The goodput benchmark: torchrun + Lightning vs ft-launcher + the toolkit, same faults."""
     _install_everything(session)
