@@ -96,7 +96,14 @@ class Report:
     step_events: int
     files: list[str]
     google_figure: float | None = None
+    google_steps: tuple[int | None, int | None] | None = None
     timeline: Timeline | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        """Cycles after the first one."""
+        return max(len(self.attempts) - 1, 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,8 +124,12 @@ class Report:
                 for a in self.attempts
             ],
             "windows": [w.to_json() for w in self.windows],
+            "restarts": self.restarts,
             "google_goodput": self.google_figure,
+            "google_min_loaded_step": self.google_steps[0] if self.google_steps else None,
+            "google_max_saved_step": self.google_steps[1] if self.google_steps else None,
             "warnings": self.warnings,
+            "notes": self.notes,
             "events": self.events,
             "step_events": self.step_events,
             "files": self.files,
@@ -357,9 +368,9 @@ def compute(
         while lo < timeline.end:
             windows.append(breakdown(timeline, ideal, lo, lo + window_s, shares))
             lo += window_s
-    google = None
+    google = google_steps = None
     if ledger.google is not None and ideal is not None:
-        google = ledger.google.figure(ideal)
+        google, google_steps = ledger.google.figure(ideal), ledger.google.steps()
     return Report(
         whole=whole,
         ideal_step_time_s=ideal,
@@ -373,5 +384,7 @@ def compute(
         step_events=len(ledger.steps),
         files=list(ledger.files),
         google_figure=google,
+        google_steps=google_steps,
         timeline=timeline,
+        notes=list(ledger.notes),
     )

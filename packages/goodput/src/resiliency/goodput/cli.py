@@ -8,8 +8,10 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from datetime import tzinfo
 from pathlib import Path
 from types import FrameType
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from resiliency.goodput._time import parse_duration
 from resiliency.goodput.calculator import compute
@@ -63,6 +65,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _zone(text: str) -> tzinfo:
+    try:
+        return ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"unknown time zone {text!r} (an IANA name such as UTC or Europe/Paris)"
+        ) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resiliency-goodput",
@@ -83,19 +94,31 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--window", type=_duration, metavar="1h", help="also break down per window of this length"
     )
+    report.add_argument(
+        "--timezone",
+        type=_zone,
+        default=ZoneInfo("UTC"),
+        metavar="ZONE",
+        help="zone of times written without one (Google's tracker: local time); default UTC",
+    )
     watch = sub.add_parser("watch", help="print live figures of a running job's ledger")
     watch.add_argument("paths", nargs="+", help="ledger directory or files")
     watch.add_argument(
         "--interval", type=float, default=10.0, help="seconds between updates (default 10)"
     )
     watch.add_argument("--reference-step-time", type=_reference, default="auto", metavar="S|auto")
+    watch.add_argument(
+        "--timezone", type=_zone, default=ZoneInfo("UTC"), metavar="ZONE", help="as for report"
+    )
     return parser
 
 
 def _report(args: argparse.Namespace) -> int:
-    ledger = read_ledger(args.paths, progress=_Progress())
+    ledger = read_ledger(args.paths, progress=_Progress(), zone=args.timezone)
     for warning in ledger.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for note in ledger.notes:
+        print(f"note: {note}", file=sys.stderr)
     report = compute(ledger, args.reference_step_time, args.window)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -121,7 +144,7 @@ def _watch(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     warned: set[str] = set()
-    reader = LedgerReader(args.paths)  # each update parses only what was appended
+    reader = LedgerReader(args.paths, args.timezone)  # each update parses what was appended
     while not stop:
         try:
             ledger = reader.update()

@@ -1,106 +1,185 @@
-"""Import of Google Cloud Resiliency's (ml-goodput-measurement) JSON-lines event log.
+"""Google Cloud Resiliency's goodput tracker log: its lines, and Google's own figure.
 
-Each line has ``event_type`` in {job_started, job_terminated, checkpoint_loaded,
-checkpoint_saved, user_scheduled, user_terminated}, ``timestamp`` (ISO 8601 or epoch seconds),
-``job_name``, and optionally ``step`` and ``node_rank``. Lines become this package's events:
-every ``job_started`` starts a cycle, ``job_terminated`` ends it, a saved checkpoint is also the
-progress mark of its step (that log has no step events). `GoogleLog` keeps what Google's own
-figure needs: (max saved step - min loaded step) x reference step time / (last - first event).
+Google's tracker writes one JSON line per event: ``event_type`` in {user_scheduled,
+job_started, checkpoint_loaded, checkpoint_saved, job_terminated, user_terminated},
+``timestamp`` from ``datetime.now().isoformat()`` (local wall time, **no time zone**),
+``job_name``, and ``step`` and ``node_rank`` as floats (``40.0``). Every node writes its own
+``job_started`` and ``job_terminated``, so a cycle of a 100-node job is 100 starts and 100 ends.
+
+This module reads those lines into `GoogleRecord` and computes Google's figure the way its
+published calculator does (see `GoogleLog.figure`). Turning the records into this package's
+events (per-node starts grouped into cycles) is `resiliency.goodput._google_cycles`' job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
-from resiliency.goodput._time import parse_time
-
 GOOGLE_EVENT_TYPES = (
+    "user_scheduled",
     "job_started",
-    "job_terminated",
     "checkpoint_loaded",
     "checkpoint_saved",
-    "user_scheduled",
+    "job_terminated",
     "user_terminated",
 )
+# Ties in time are ordered as a job unfolds (a start before the load it leads to).
+_KIND_ORDER = {kind: i for i, kind in enumerate(GOOGLE_EVENT_TYPES)}
+
+
+@dataclass(frozen=True)
+class GoogleRecord:
+    """One line of a Google log.
+
+    ``time`` is epoch seconds (a naive time read in the reader's zone); ``wall`` is the same
+    moment as Google's calculator sees it, in whole microseconds: a naive time's wall-clock
+    reading taken as UTC (its differences are wall-clock differences, whatever the zone, and
+    exact, like the differences of Python datetimes that Google's calculator takes).
+    """
+
+    time: float
+    wall: int
+    kind: str
+    job: str
+    node: str
+    step: int | None
+    source: str
+    line: int
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return (self.time, _KIND_ORDER[self.kind])
+
+
+def _whole(obj: dict[str, Any], name: str) -> int | None:
+    """A whole number written as an int or a float (``40.0``), None when absent."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return int(value)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _times(value: Any, zone: tzinfo) -> tuple[float, int, bool]:
+    """``(epoch, wall microseconds, naive)`` of a timestamp (ISO 8601 or epoch seconds)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), round(float(value) * 1e6), False
+    if not isinstance(value, str):
+        raise ValueError(f"not a timestamp: {value!r}")
+    text = value[:-1] + "+00:00" if value.endswith("Z") else value
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 timestamp: {value!r}") from None
+    if moment.tzinfo is None:
+        wall = (moment.replace(tzinfo=timezone.utc) - _EPOCH) // _MICROSECOND
+        return moment.replace(tzinfo=zone).timestamp(), wall, True
+    return moment.timestamp(), (moment - _EPOCH) // _MICROSECOND, False
+
+
+@dataclass
+class _JobFigures:
+    """What Google's figure needs, for one ``job_name``."""
+
+    first: tuple[float, int]
+    first_wall: int
+    last_wall: int
+    max_saved: int = 0
+    min_loaded: float = math.inf
 
 
 @dataclass
 class GoogleLog:
-    """State of a Google log import: cycles so far and the inputs of Google's figure."""
+    """The Google records read so far, and the inputs of Google's figure per job.
 
-    cycles: int = 0
-    first_time: float | None = None
-    last_time: float | None = None
-    max_saved_step: int | None = None
-    min_loaded_step: int | None = None
-    job: str = ""
+    Args:
+        zone: the zone naive timestamps are read in (Google's tracker writes local time).
+    """
+
+    zone: tzinfo = timezone.utc
+    records: list[GoogleRecord] = field(default_factory=list)
+    naive: int = 0
+    jobs: dict[str, _JobFigures] = field(default_factory=dict)
+
+    def add(self, obj: Any, source: str, line: int) -> GoogleRecord:
+        """Read one line; raises ValueError (with the reason) for a line to skip."""
+        kind = obj.get("event_type") if isinstance(obj, dict) else None
+        if kind not in GOOGLE_EVENT_TYPES:
+            raise ValueError(f"unknown Google event_type {kind!r}")
+        when, wall, naive = _times(obj.get("timestamp"), self.zone)
+        step = _whole(obj, "step")
+        if kind in ("checkpoint_loaded", "checkpoint_saved") and step is None:
+            raise ValueError(f"{kind} needs an integer step (a whole number), got none")
+        node = _whole(obj, "node_rank")
+        record = GoogleRecord(
+            when,
+            wall,
+            kind,
+            str(obj.get("job_name") or "default"),
+            "0" if node is None else str(node),
+            step,
+            source,
+            line,
+        )
+        self.naive += naive
+        self.records.append(record)
+        self._account(record)
+        return record
+
+    def _account(self, record: GoogleRecord) -> None:
+        job = self.jobs.get(record.job)
+        if job is None:
+            job = self.jobs[record.job] = _JobFigures(record.order, record.wall, record.wall)
+        if record.order < job.first:
+            job.first, job.first_wall = record.order, record.wall
+        job.last_wall = max(job.last_wall, record.wall)
+        if record.kind == "checkpoint_saved" and record.step is not None:
+            job.max_saved = max(job.max_saved, record.step)
+        elif record.kind == "checkpoint_loaded" and record.step is not None:
+            job.min_loaded = min(job.min_loaded, record.step)
+
+    @property
+    def job(self) -> str | None:
+        """The job Google's calculator reports on: the one of the earliest event."""
+        if not self.jobs:
+            return None
+        return min(self.jobs.items(), key=lambda item: item[1].first)[0]
 
     def figure(self, reference_step_time_s: float) -> float | None:
-        """Google's goodput (0..1), or None without events or a span of time."""
-        if self.first_time is None or self.last_time is None or self.max_saved_step is None:
+        """Google's goodput (0..1) as its calculator computes it, None for an empty log.
+
+        (max saved step - min loaded step) x reference step time / (last - first event time),
+        over the events of the earliest event's job, time differences taken on the wall clock.
+        Like Google's calculator, it is 0 when no checkpoint was loaded, none saved above step
+        0, or the steps did not move forward. Collapsing consecutive starts and ends (its
+        preprocessing) changes its event counts, not this figure.
+        """
+        name = self.job
+        if name is None:
             return None
-        span = self.last_time - self.first_time
+        job = self.jobs[name]
+        span = (job.last_wall - job.first_wall) / 1e6
         if span <= 0:
             return None
-        loaded = self.min_loaded_step or 0
-        return (self.max_saved_step - loaded) * reference_step_time_s / span
+        if math.isinf(job.min_loaded) or job.max_saved <= 0 or job.max_saved <= job.min_loaded:
+            return 0.0
+        return (job.max_saved - job.min_loaded) * reference_step_time_s / span
 
-
-def _step(obj: dict[str, Any]) -> int:
-    step = obj.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise ValueError(f"{obj['event_type']} needs an integer step, got {step!r}")
-    return step
-
-
-def convert_google_line(obj: Any, log: GoogleLog) -> list[tuple[float, str, dict[str, Any]]]:
-    """Turn one Google log line into ``(time, event, data)`` triples of this package's schema."""
-    if not isinstance(obj, dict) or obj.get("event_type") not in GOOGLE_EVENT_TYPES:
-        kind = obj.get("event_type") if isinstance(obj, dict) else None
-        raise ValueError(f"unknown Google event_type {kind!r}")
-    kind = obj["event_type"]
-    when = parse_time(obj.get("timestamp"))
-    job = str(obj.get("job_name") or log.job or "default")
-    log.job = job
-    log.first_time = when if log.first_time is None else min(log.first_time, when)
-    log.last_time = when if log.last_time is None else max(log.last_time, when)
-    rank = obj.get("node_rank")
-    cycle = max(log.cycles - 1, 0)
-    base: dict[str, Any] = {
-        "job": job,
-        "node": str(rank if rank is not None else 0),
-        "rank": None,
-        "attempt": cycle,
-        "google": True,  # imported from Google's format
-    }
-    out: list[tuple[float, str, dict[str, Any]]] = []
-    if kind == "user_scheduled":
-        out.append((when, "job_scheduled", {**base, "event": "job_scheduled"}))
-    elif kind == "job_started":
-        cycle = log.cycles
-        log.cycles += 1
-        base["attempt"] = cycle
-        if cycle == 0:
-            out.append((when, "job_started", {**base, "event": "job_started"}))
-        out.append((when, "cycle_started", {**base, "event": "cycle_started", "cycle": cycle}))
-    elif kind == "job_terminated":
-        data = {**base, "event": "cycle_ended", "cycle": cycle, "cause": "crash", "ranks": []}
-        out.append((when, "cycle_ended", data))
-    elif kind == "user_terminated":
-        data = {**base, "event": "job_ended", "exit_code": 0, "reason": "user_terminated"}
-        out.append((when, "job_ended", data))
-    elif kind == "checkpoint_saved":
-        step = _step(obj)
-        log.max_saved_step = step if log.max_saved_step is None else max(log.max_saved_step, step)
-        saved = {"step": step, "tier": "persistent", "bytes": 0, "blocked_s": 0.0, "total_s": 0.0}
-        out.append((when, "checkpoint_saved", {**base, "event": "checkpoint_saved", **saved}))
-        out.append((when, "step", {**base, "event": "step", "step": step}))
-    else:  # checkpoint_loaded
-        step = _step(obj)
-        log.min_loaded_step = (
-            step if log.min_loaded_step is None else min(log.min_loaded_step, step)
-        )
-        loaded = {"step": step, "tier": "persistent", "bytes": 0, "duration_s": 0.0}
-        out.append((when, "checkpoint_loaded", {**base, "event": "checkpoint_loaded", **loaded}))
-    return out
+    def steps(self) -> tuple[int | None, int | None]:
+        """``(min loaded step, max saved step)`` of Google's figure (None where absent)."""
+        name = self.job
+        if name is None:
+            return None, None
+        job = self.jobs[name]
+        loaded = None if math.isinf(job.min_loaded) else int(job.min_loaded)
+        return loaded, job.max_saved or None

@@ -4,7 +4,9 @@ A ledger is a directory of ``*.jsonl`` files (one per node) or a list of files. 
 validated against the schema; a malformed line, an unknown event type, a newer schema version
 or a truncated last line gives one warning naming the file and line, and the line is skipped.
 Events of every file are merged by wall time. Google Cloud Resiliency logs (lines with
-``event_type``) are recognised per file and converted (see `resiliency.goodput.google`).
+``event_type``) are recognised per file, read (`resiliency.goodput.google`) and converted once
+every file is read (`resiliency.goodput._google_cycles`): their per-node starts and ends make
+cycles only together.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import operator
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
+from resiliency.goodput._google_cycles import convert
 from resiliency.goodput._step_scan import looks_like_steps, parallel_workers, scan, scan_all
 from resiliency.goodput._time import _minute_cache, parse_time
 from resiliency.goodput.errors import GoodputError
-from resiliency.goodput.google import GoogleLog, convert_google_line
+from resiliency.goodput.google import GoogleLog
 from resiliency.goodput.schema import EVENT_TYPES, SCHEMA_VERSION, validate_event
 
 BLOCK_BYTES = 1 << 20
@@ -59,6 +63,7 @@ class Ledger:
 
     ``events`` holds every event but steps, sorted by time; ``steps`` holds
     ``(time, step, attempt)`` of the step events, sorted by time (there can be a million).
+    ``notes`` say how something was read (not a problem: e.g. the zone of naive times).
     """
 
     events: list[Event] = field(default_factory=list)
@@ -68,6 +73,7 @@ class Ledger:
     files: list[str] = field(default_factory=list)
     google: GoogleLog | None = None
     lines: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 def ledger_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -121,8 +127,9 @@ def _problem(obj: Any) -> str | None:
 class _FileReader:
     """Reads one file into a `Ledger`, warning with file and line number."""
 
-    def __init__(self, path: Path, ledger: Ledger) -> None:
+    def __init__(self, path: Path, ledger: Ledger, zone: tzinfo) -> None:
         self.path = path
+        self.zone = zone
         self.name = str(path)
         self.ledger = ledger
         self.warned = 0
@@ -294,19 +301,15 @@ class _FileReader:
             ledger.events.append(Event(when, obj["event"], obj, self.name, n))
 
     def _add_google(self, n: int, obj: Any) -> None:
+        """Keep a Google line for the conversion that follows the reading of every file."""
         if self.ledger.google is None:
-            self.ledger.google = GoogleLog()
+            self.ledger.google = GoogleLog(self.zone)
         try:
-            converted = convert_google_line(obj, self.ledger.google)
+            record = self.ledger.google.add(obj, self.name, n)
         except ValueError as exc:
             self.warn(n, f"Google log line skipped: {exc}")
             return
-        for when, event, data in converted:
-            self.ledger.jobs.add(str(data.get("job", "")))
-            if event == "step":
-                self.ledger.steps.append((when, data["step"], data["attempt"]))
-            else:
-                self.ledger.events.append(Event(when, event, data, self.name, n))
+        self.ledger.jobs.add(record.job)
 
 
 def _check_clocks(ledger: Ledger) -> None:
@@ -330,39 +333,32 @@ def _check_clocks(ledger: Ledger) -> None:
             )
 
 
-def _finish_google(ledger: Ledger) -> None:
-    """Complete a Google log: a cycle with no load starts from step 0; the last end is a success.
+def _finish_google(
+    ledger: Ledger, google: GoogleLog, previous: set[tuple[float, int, int]]
+) -> set[tuple[float, int, int]]:
+    """Replace the events converted from Google records by a conversion of all of them.
 
-    That log marks progress only at saves, so a cycle that loads nothing gets a zero-length
-    load of step 0 at its start (marked ``synthetic``) as its first progress mark.
+    Args:
+        ledger: the ledger read so far.
+        google: its Google records.
+        previous: the progress marks the last conversion added (taken out first).
+
+    Returns:
+        The progress marks added now.
     """
-    ledger.events = [ev for ev in ledger.events if not ev.data.get("synthetic")]
-    loaded_cycles = {ev.attempt for ev in ledger.events if ev.event == "checkpoint_loaded"}
-    added = []
-    for ev in ledger.events:
-        if (
-            ev.event == "cycle_started"
-            and ev.data.get("google")
-            and ev.attempt not in loaded_cycles
-        ):
-            data = {
-                **ev.data,
-                "event": "checkpoint_loaded",
-                "step": 0,
-                "tier": "persistent",
-                "bytes": 0,
-                "duration_s": 0.0,
-                "synthetic": True,
-            }
-            added.append(Event(ev.time, "checkpoint_loaded", data, ev.source, ev.line))
-    ends = [ev for ev in ledger.events if ev.event == "cycle_ended" and ev.data.get("google")]
-    starts = [ev for ev in ledger.events if ev.event == "cycle_started" and ev.data.get("google")]
-    for ev in ends:
-        ev.data["cause"] = "crash"  # as imported; the last one is a success unless restarted
-    if ends and (not starts or starts[-1].time <= ends[-1].time):
-        ends[-1].data["cause"] = "success"
-    ledger.events.extend(added)
+    ledger.events = [ev for ev in ledger.events if not ev.data.get("google")]
+    if previous:
+        ledger.steps = [s for s in ledger.steps if s not in previous]
+    converted, steps = convert(google.records)
+    ledger.events += [Event(*c) for c in converted]
     ledger.events.sort(key=lambda e: e.time)
+    ledger.steps += steps
+    if google.naive:
+        ledger.notes.append(
+            f"{google.naive:,} Google log time(s) carry no time zone (its tracker writes "
+            f"local wall time): read as {google.zone} (--timezone)"
+        )
+    return set(steps)
 
 
 class LedgerReader:
@@ -370,12 +366,17 @@ class LedgerReader:
 
     Args:
         paths: files or directories (their ``*.jsonl`` files, found again at every update).
+        zone: the zone of times without one (Google's tracker writes local wall time).
     """
 
-    def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+    def __init__(
+        self, paths: Iterable[str | os.PathLike[str]], zone: tzinfo = timezone.utc
+    ) -> None:
         self.paths = list(paths)
+        self.zone = zone
         self.ledger = Ledger()
         self._readers: dict[Path, _FileReader] = {}
+        self._google_steps: set[tuple[float, int, int]] = set()
 
     def update(
         self, progress: Callable[[int, int], None] | None = None, final: bool = False
@@ -391,7 +392,7 @@ class LedgerReader:
         ledger.files = [str(f) for f in files]
         for path in files:
             if path not in self._readers:
-                self._readers[path] = _FileReader(path, ledger)
+                self._readers[path] = _FileReader(path, ledger, self.zone)
         total = sum(max(f.stat().st_size - self._readers[f].offset, 0) for f in files)
         done = 0
 
@@ -405,8 +406,9 @@ class LedgerReader:
             self._readers[path].read(advance if progress is not None else None, final)
         ledger.lines = sum(r.lines for r in self._readers.values())
         ledger.events.sort(key=lambda e: e.time)
+        ledger.notes = []
         if ledger.google is not None:
-            _finish_google(ledger)
+            self._google_steps = _finish_google(ledger, ledger.google, self._google_steps)
         ledger.steps.sort()
         ledger.warnings = [w for r in self._readers.values() for w in r.warnings]
         _check_clocks(ledger)
@@ -421,19 +423,21 @@ class LedgerReader:
 def read_ledger(
     paths: Iterable[str | os.PathLike[str]],
     progress: Callable[[int, int], None] | None = None,
+    zone: tzinfo = timezone.utc,
 ) -> Ledger:
     """Read and merge the ledger files (or directories of them) in ``paths``.
 
     Args:
         paths: files or directories.
         progress: called with ``(bytes read, total bytes)`` as reading goes on.
+        zone: the zone of times without one (Google's tracker writes local wall time).
     """
     collecting = gc.isenabled()
     # A ledger is millions of small tuples and dicts without reference cycles: the cycle
     # collector's passes over them would cost a fifth of the read and free nothing.
     gc.disable()
     try:
-        return LedgerReader(paths).update(progress, final=True)
+        return LedgerReader(paths, zone).update(progress, final=True)
     finally:
         if collecting:
             gc.enable()

@@ -70,6 +70,31 @@ def _row_table(title: str, rows: list[tuple[str, Breakdown]]) -> list[str]:
     return lines
 
 
+def _google_lines(report: Report, figure: float, reference: float) -> list[str]:
+    """Google's own figure, and what it leaves out that the breakdown above shows."""
+    loaded, saved = report.google_steps or (None, None)
+    lines = [
+        f"Google Cloud Resiliency's figure: {100.0 * figure:.1f} % "
+        f"((max saved step {saved if saved is not None else '-'} - min loaded step "
+        f"{loaded if loaded is not None else '-'}) x reference step time {reference:.6g} s / "
+        f"(last - first event time))"
+    ]
+    if loaded is None:
+        lines.append("  Google's calculator gives 0 % to a log with no checkpoint_loaded.")
+    left_out = []
+    first = report.initial_step if report.initial_step is not None else 0
+    if loaded is not None and first < loaded:
+        left_out.append(f"the {loaded - first} steps before the lowest loaded step")
+    if saved is not None and report.final_step is not None and report.final_step > saved:
+        left_out.append(f"the {report.final_step - saved} steps after the last save")
+    left_out.append(
+        "where the rest went: it counts no lost progress, restarts, loading, saving or "
+        "slowdown (the breakdown above does)"
+    )
+    lines.append("  Google's figure leaves out " + "; ".join(left_out) + ".")
+    return lines
+
+
 def render_text(report: Report) -> str:
     """The human-readable report."""
     whole = report.whole
@@ -97,15 +122,14 @@ def render_text(report: Report) -> str:
             f"({report.final_step - start} new steps kept)"
         )
     lines.append(f"Goodput: {100.0 * whole.goodput:.1f} %")
+    if report.attempts:
+        restarts = f"{report.restarts} restart" + ("" if report.restarts == 1 else "s")
+        lines.append(f"Cycles: {len(report.attempts)} ({restarts})")
     lines.append("")
     lines.extend(breakdown_table(whole))
     if report.google_figure is not None and report.ideal_step_time_s is not None:
         lines.append("")
-        lines.append(
-            f"Google Cloud Resiliency's figure: {100.0 * report.google_figure:.1f} % "
-            "((max saved step - min loaded step) x reference step time / "
-            f"(last - first event time), reference {report.ideal_step_time_s:.6g} s)"
-        )
+        lines.extend(_google_lines(report, report.google_figure, report.ideal_step_time_s))
     if report.attempts:
         lines.append("")
         lines.append("Per attempt:")
