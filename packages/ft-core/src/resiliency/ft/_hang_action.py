@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resiliency.ft._proc import pid_alive
+from resiliency.ft.config import FaultToleranceConfig
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,34 @@ class HangAction:
         self._dump_size = -1
         self._dump_changed_at = 0.0
         self._last_signal: str | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: FaultToleranceConfig,
+        *,
+        pid: int,
+        start_time: int | None,
+        who: str,
+        dump_path: Path | None,
+        on_dump: Callable[[str | None], None],
+        on_done: Callable[[str | None], None],
+        terminate: bool = True,
+    ) -> HangAction:
+        """Build the escalation with the signals and delays of ``cfg``; arguments as above."""
+        return cls(
+            pid=pid,
+            start_time=start_time,
+            who=who,
+            dump_path=dump_path,
+            dump_signal=cfg.stack_dump_signal,
+            dump_timeout=cfg.stack_dump_timeout,
+            termination_signal=cfg.rank_termination_signal,
+            grace_period=cfg.termination_grace_period,
+            on_dump=on_dump,
+            on_done=on_done,
+            terminate=terminate,
+        )
 
     @property
     def done(self) -> bool:

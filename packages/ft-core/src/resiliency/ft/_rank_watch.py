@@ -120,6 +120,17 @@ class RankWatch:
         if self.connected_at is None:
             self.connected_at = ts
 
+    def arm_startup(self, limit: float) -> bool:
+        """Enforce the startup timer from now on, still counted from ``armed_at``.
+
+        Returns:
+            False when it was already armed, or the rank already connected.
+        """
+        if self.connected_at is not None or self.startup_timeout is not None:
+            return False
+        self.startup_timeout = limit
+        return True
+
     def _progress(self, ts: float) -> None:
         if not self.progressed:
             self.progressed = True

@@ -87,8 +87,9 @@ class FaultToleranceConfig(BaseModel):
         3600.0,
         description="Longest time from the worker's spawn to its init_workload_monitoring(); "
         "catches a rank that hangs in imports or setup before it ever connects. Generous on "
-        "purpose: a slow import must never look like a hang. null: no timeout (a script that "
-        "never connects then runs unwatched).",
+        "purpose: a slow import must never look like a hang. ft-launcher enforces it once the "
+        "job connected on the node (a peer rank, or an earlier attempt), so a script that "
+        "never connects runs unwatched, as under torchrun. null: no timeout.",
     )
     rank_heartbeat_timeout: Seconds | None = Field(
         2700.0,

@@ -212,18 +212,42 @@ class MonitorProcess:
                 raise MonitorUnavailableError("the rank monitor was stopped")
             return request(self._sock, msg, _REQUEST_TIMEOUT_S, self._queue_event)
 
-    def worker_started(self, pid: int, rank: int | None = None, restart: int = 0) -> None:
-        """Tell the monitor a worker was spawned; arms its initial-heartbeat timer.
+    def worker_started(
+        self, pid: int, rank: int | None = None, restart: int = 0, *, watch_startup: bool = True
+    ) -> None:
+        """Tell the monitor a worker was spawned; its startup timer runs from now.
 
         Args:
             pid: The worker's pid.
             rank: Its global rank, if known.
             restart: How many times the workers were restarted before.
+            watch_startup: False to run the startup timer (``rank_startup_timeout``) only once
+                :meth:`arm_startup` is called: a worker that never connects is then never
+                killed for it (a plain torchrun script). The time still counts from now.
 
         Raises:
             MonitorUnavailableError: The monitor is gone.
         """
-        self._request({"t": "worker_started", "pid": pid, "rank": rank, "restart": restart})
+        self._request(
+            {
+                "t": "worker_started",
+                "pid": pid,
+                "rank": rank,
+                "restart": restart,
+                "watch_startup": watch_startup,
+            }
+        )
+
+    def arm_startup(self) -> None:
+        """Arm the startup timer of the current worker (started with ``watch_startup=False``).
+
+        The timer counts from the worker's spawn, so a worker already past
+        ``rank_startup_timeout`` that has not connected is treated as hung at once.
+
+        Raises:
+            MonitorUnavailableError: The monitor is gone.
+        """
+        self._request({"t": "arm_startup"})
 
     def worker_stopped(self) -> None:
         """Tell the monitor the worker is being stopped on purpose; disarms its timers.

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from resiliency.ft._conn import Conn
+from resiliency.ft._durations import format_limit, format_timeouts
 from resiliency.ft._hang_action import HangAction
 from resiliency.ft._loop import SocketLoop
 from resiliency.ft._proc import is_same_or_descendant, pid_alive, process_start_time
@@ -259,7 +260,11 @@ class RankMonitorServer(SocketLoop):
                 self._watch = None
             self._send(conn, {"t": "ok"})
         elif conn.role == "controller" and t == "worker_started":
-            self._start_worker(msg["pid"], msg.get("rank"), now, msg.get("restart", 0))
+            watch = msg.get("watch_startup", True)
+            self._start_worker(msg["pid"], msg.get("rank"), now, msg.get("restart", 0), watch)
+            self._send(conn, {"t": "ok"})
+        elif conn.role == "controller" and t == "arm_startup":
+            self._arm_startup()
             self._send(conn, {"t": "ok"})
         elif conn.role == "controller" and t == "worker_stopped":
             self._stop_worker()
@@ -307,17 +312,10 @@ class RankMonitorServer(SocketLoop):
             watch.on_end_all(ts)
 
     def _set_timeouts(self, conn: Conn, msg: dict[str, Any]) -> None:
-        hb = HeartbeatTimeouts.from_dict(msg["heartbeat"])
-        sections = SectionTimeouts.from_dict(msg["section"])
-        self.hb_timeouts, self.section_timeouts = hb, sections
-        logger.info(
-            "%s set timeouts: initial=%s heartbeat=%s sections=%s out_of_section=%s",
-            self._who(),
-            hb.initial,
-            hb.subsequent,
-            dict(sections.section),
-            sections.out_of_section,
-        )
+        hb = self.hb_timeouts = HeartbeatTimeouts.from_dict(msg["heartbeat"])
+        sec = self.section_timeouts = SectionTimeouts.from_dict(msg["section"])
+        limits = format_timeouts(hb.initial, hb.subsequent, sec.section, sec.out_of_section)
+        logger.info("%s set timeouts: %s", self._who(), limits)
         self._send(conn, {"t": "ok"})
 
     def _forward_wlc(self, conn: Conn, msg: dict[str, Any]) -> None:
@@ -346,7 +344,9 @@ class RankMonitorServer(SocketLoop):
     def _timeouts_dict(self) -> dict[str, Any]:
         return {"heartbeat": self.hb_timeouts.to_dict(), "section": self.section_timeouts.to_dict()}
 
-    def _start_worker(self, pid: int, rank: int | None, now: float, restart: int = 0) -> None:
+    def _start_worker(
+        self, pid: int, rank: int | None, now: float, restart: int = 0, watch_startup: bool = True
+    ) -> None:
         if pid == self._worker_pid and self._watch is not None and self._action is None:
             # The launcher announces a worker that already connected on its own: keep its state.
             self._watch.rank = rank if rank is not None else self._watch.rank
@@ -361,14 +361,24 @@ class RankMonitorServer(SocketLoop):
         self._worker_pid = pid
         self._dump_ready = False
         self._worker_start_time = process_start_time(pid)
-        startup = self.cfg.rank_startup_timeout
+        startup = self.cfg.rank_startup_timeout if watch_startup else None
         self._watch = RankWatch(pid, rank, now, self._obs, startup_timeout=startup)
         self._next_liveness = now + _LIVENESS_EVERY_S
+        # Without watch_startup a worker that never connects is never a hang (plain torchrun).
+        connect = f"within {format_limit(startup)} of spawn" if watch_startup else "not required"
         logger.info(
-            "watching %s (restart %d); limits: connect %s s after spawn, first heartbeat %s s "
-            "after connect",
-            *(self._who(), restart, startup, self.hb_timeouts.initial),
+            "watching %s (restart %d); limits: connect %s, first heartbeat within %s of connect",
+            *(self._who(), restart, connect, format_limit(self.hb_timeouts.initial)),
         )
+
+    def _arm_startup(self) -> None:
+        """Start enforcing ``rank_startup_timeout`` on a worker started without it."""
+        limit = self.cfg.rank_startup_timeout
+        if self._watch is not None and limit is not None and self._watch.arm_startup(limit):
+            logger.info(
+                "%s: its peers connected; it must connect within %s of its spawn",
+                *(self._who(), format_limit(limit)),
+            )
 
     def _stop_worker(self) -> None:
         if self._action is not None:
@@ -400,15 +410,12 @@ class RankMonitorServer(SocketLoop):
         if not self.cfg.enable_stack_dump:
             self._emit("stacks", **fields, stack_dump=None, msg="stack dumps are disabled")
             return
-        self._action = HangAction(
+        self._action = HangAction.from_config(
+            self.cfg,
             pid=watch.pid,
             start_time=self._worker_start_time,
             who=self._who(),
             dump_path=self.dump_path,
-            dump_signal=self.cfg.stack_dump_signal,
-            dump_timeout=self.cfg.stack_dump_timeout,
-            termination_signal=self.cfg.rank_termination_signal,
-            grace_period=self.cfg.termination_grace_period,
             on_dump=lambda text: self._emit("stacks", **fields, stack_dump=text),
             on_done=lambda _sig: None,
             terminate=False,
@@ -445,15 +452,12 @@ class RankMonitorServer(SocketLoop):
             if self._watch is watch:
                 self._watch = None  # disarmed until the next worker_started
 
-        self._action = HangAction(
+        self._action = HangAction.from_config(
+            self.cfg,
             pid=watch.pid,
             start_time=self._worker_start_time,
             who=who,
             dump_path=dump_path,
-            dump_signal=self.cfg.stack_dump_signal,
-            dump_timeout=self.cfg.stack_dump_timeout,
-            termination_signal=self.cfg.rank_termination_signal,
-            grace_period=self.cfg.termination_grace_period,
             on_dump=on_dump,
             on_done=on_done,
         )

@@ -34,15 +34,15 @@ from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState
 from resiliency.launcher.preemption import (
-    PREEMPTED_EXIT_CODE,
     env_for,
     is_preempted,
     launcher_stopping,
+    mark_stop_after_a_failure,
     new_attempt,
-    worker_codes,
 )
 from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher.startup_watch import StartupWatch
 from resiliency.launcher.worker_groups import WorkerProcessGroups
 from resiliency.launcher.workload_control import (
     exclude_this_node,
@@ -107,6 +107,7 @@ class FtElasticAgent(CompatAgent):
         self._monitors = monitors
         self._settings = settings
         self._cycle = self._new_cycle()
+        self._startup = StartupWatch(monitors, settings.ft_cfg.rank_startup_timeout)
         self._shared: SharedRoundState | None = None
         self._watcher: RoundWatcher | None = None
         self._published_failure = False
@@ -178,7 +179,10 @@ class FtElasticAgent(CompatAgent):
             self._worker_groups.add(int(pid))
             self._cycle.pids[local_rank] = int(pid)
             self._cycle.ranks[local_rank] = rank
-            self._monitors.worker_started(local_rank, int(pid), rank=rank, restart=restart)
+            self._monitors.worker_started(
+                local_rank, int(pid), rank, restart, watch_startup=self._startup.watch_startup
+            )
+        self._startup.cycle_started(self._cycle.ranks)
         logger.info(
             "workers started (attempt %d): %s",
             restart,
@@ -204,7 +208,8 @@ class FtElasticAgent(CompatAgent):
     # --- monitoring ---------------------------------------------------------------------------
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._handle_events(self._monitors.poll_events())
-        self._mark_stop_after_a_failure()
+        self._startup.check()
+        mark_stop_after_a_failure(self._settings.preemption, self)
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             self._note_worker_failures(result)
@@ -229,24 +234,6 @@ class FtElasticAgent(CompatAgent):
             }
             result = RunResult(state=WorkerState.FAILED, failures=failures)
         return result
-
-    def _mark_stop_after_a_failure(self) -> None:
-        """A worker failed: the SIGTERM torch is about to send the others is our own stop.
-
-        torch's process context stops the surviving workers itself once it sees the failure.
-        Without the stop mark a surviving rank took that SIGTERM for a preemption and started
-        an emergency save its failed peer could never join, holding the restart up until it was
-        killed. The wait before SIGKILL is ``--workers-stop-timeout`` (``bound_worker_close``).
-        A worker that exited after a preemption (75, or SIGTERM from outside) is left to the
-        preemption path.
-        """
-        codes = worker_codes(self)
-        ended = [code for code in codes.values() if code is not None]
-        if not any(code != 0 for code in ended) or len(ended) == len(codes):
-            return
-        if any(code in (PREEMPTED_EXIT_CODE, -signal.SIGTERM) for code in ended):
-            return
-        launcher_stopping(self._settings.preemption, True)
 
     def _note_worker_failures(self, result: RunResult) -> None:
         # The monitor reports a hang before it signals the rank, so a rank it killed already has
@@ -288,6 +275,7 @@ class FtElasticAgent(CompatAgent):
                 self._on_workload_control(event)
             elif event.kind == "rank_connected":
                 self._cycle.connected.add(local_rank)
+                self._startup.connected(local_rank)
             elif event.kind == "rank_disconnected":
                 self._cycle.connected.discard(local_rank)
             else:

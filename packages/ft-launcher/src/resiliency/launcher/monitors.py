@@ -104,15 +104,41 @@ class MonitorSet:
             for future in [pool.submit(self._start_one, lr) for lr in missing]:
                 future.result()
 
-    def worker_started(self, local_rank: int, pid: int, rank: int | None, restart: int) -> None:
-        """Tell the monitor of ``local_rank`` about its new worker (arms the initial timer)."""
+    def worker_started(
+        self, local_rank: int, pid: int, rank: int | None, restart: int, *, watch_startup: bool
+    ) -> None:
+        """Tell the monitor of ``local_rank`` about its new worker.
+
+        Args:
+            local_rank: The worker's local rank.
+            pid: Its pid.
+            rank: Its global rank.
+            restart: How many restarts came before.
+            watch_startup: Whether ``rank_startup_timeout`` applies from the spawn on (else only
+                once :meth:`arm_startup` is called).
+        """
         try:
-            self._monitors[local_rank].worker_started(pid, rank=rank, restart=restart)
+            self._monitors[local_rank].worker_started(
+                pid, rank=rank, restart=restart, watch_startup=watch_startup
+            )
         except FaultToleranceError as exc:
             # Died between start_all() and now: a fresh monitor must watch this worker.
             logger.error("monitor of local rank %d is gone (%s); restarting it", local_rank, exc)
             self.replace(local_rank)
-            self._monitors[local_rank].worker_started(pid, rank=rank, restart=restart)
+            self._monitors[local_rank].worker_started(
+                pid, rank=rank, restart=restart, watch_startup=watch_startup
+            )
+
+    def arm_startup(self, local_ranks: list[int]) -> None:
+        """Make the monitors of ``local_ranks`` enforce ``rank_startup_timeout`` from now on."""
+        for local_rank in local_ranks:
+            monitor = self._monitors.get(local_rank)
+            if monitor is None or not monitor.is_alive():
+                continue
+            try:
+                monitor.arm_startup()
+            except (FaultToleranceError, OSError) as exc:
+                logger.warning("cannot arm the startup timer of local rank %d: %s", local_rank, exc)
 
     def workers_stopped(self) -> None:
         """Tell every monitor that the launcher is stopping the workers on purpose."""

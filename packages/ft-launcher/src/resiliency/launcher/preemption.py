@@ -188,3 +188,22 @@ def launcher_stopping(preemption: Preemption | None, stopping: bool) -> None:
 def env_for(preemption: Preemption | None) -> dict[str, str]:
     """Worker environment for graceful preemption (empty when disabled)."""
     return preemption.worker_env() if preemption is not None else {}
+
+
+def mark_stop_after_a_failure(preemption: Preemption | None, agent: Any) -> None:
+    """A worker failed: the SIGTERM torch is about to send the others is the launcher's stop.
+
+    torch's process context stops the surviving workers itself once it sees the failure.
+    Without the stop mark a surviving rank took that SIGTERM for a preemption and started
+    an emergency save its failed peer could never join, holding the restart up until it was
+    killed. The wait before SIGKILL is ``--workers-stop-timeout`` (``bound_worker_close``).
+    A worker that exited after a preemption (75, or SIGTERM from outside) is left to the
+    preemption path.
+    """
+    codes = worker_codes(agent)
+    ended = [code for code in codes.values() if code is not None]
+    if not any(code != 0 for code in ended) or len(ended) == len(codes):
+        return
+    if any(code in (PREEMPTED_EXIT_CODE, -signal.SIGTERM) for code in ended):
+        return
+    launcher_stopping(preemption, True)
