@@ -99,6 +99,7 @@ class Report:
     google_steps: tuple[int | None, int | None] | None = None
     timeline: Timeline | None = None
     notes: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -130,6 +131,7 @@ class Report:
             "google_max_saved_step": self.google_steps[1] if self.google_steps else None,
             "warnings": self.warnings,
             "notes": self.notes,
+            "hints": self.hints,
             "events": self.events,
             "step_events": self.step_events,
             "files": self.files,
@@ -387,4 +389,24 @@ def compute(
         google_steps=google_steps,
         timeline=timeline,
         notes=list(ledger.notes),
+        hints=_hints(ledger, timeline),
     )
+
+
+STEP_LINE_HINT = (
+    "add `get_recorder().step(step)` after each training step (from resiliency.goodput "
+    "import get_recorder; one line, well under 2 us a call) for step-exact figures"
+)
+
+
+def _hints(ledger: Ledger, timeline: Timeline) -> list[str]:
+    """What the user can add to the job for a better report."""
+    if ledger.steps or timeline.end <= timeline.start:
+        return []
+    saves = len(timeline.steps) if timeline.progress_from_saves else 0
+    if saves:
+        return [
+            f"no step events in the ledger: progress is read from the {saves} committed "
+            "checkpoint step(s), so the steps after the last save are not known; " + STEP_LINE_HINT
+        ]
+    return ["no step events and no committed checkpoint: no progress is known; " + STEP_LINE_HINT]

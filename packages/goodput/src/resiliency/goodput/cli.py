@@ -113,8 +113,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_plot_path(path: Path) -> None:
+    """Fail before any work when the PNG cannot be written where asked."""
+    if path.is_dir():
+        raise GoodputError(
+            f"--plot {path} is a directory: give a file name such as {path}/goodput.png"
+        )
+    parent = path.parent
+    if not parent.is_dir():
+        raise GoodputError(
+            f"cannot write the plot {path}: the directory {parent} does not exist "
+            "(create it, or give --plot a path in an existing directory)"
+        )
+
+
 def _report(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        _check_plot_path(args.plot)
     ledger = read_ledger(args.paths, progress=_Progress(), zone=args.timezone)
+    if not ledger.files:
+        raise GoodputError(
+            f"no ledger in {', '.join(map(str, args.paths))}: no *.jsonl file there. Give the "
+            "directory the job wrote its ledger to (ft-launcher --goodput-dir, "
+            "RESILIENCY_GOODPUT_DIR) or its files"
+        )
     for warning in ledger.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for note in ledger.notes:
@@ -126,9 +148,19 @@ def _report(args: argparse.Namespace) -> int:
         sys.stdout.write(render_text(report))
     sys.stdout.flush()
     if args.plot is not None:
+        if report.whole.total <= 0:
+            raise GoodputError(
+                f"nothing to plot: the ledger has no time span (fewer than two events); "
+                f"{args.plot} not written"
+            )
         from resiliency.goodput.plot import plot_report  # noqa: PLC0415 -- matplotlib is optional
 
-        plot_report(report, ledger, args.plot)
+        try:
+            plot_report(report, ledger, args.plot)
+        except OSError as exc:
+            raise GoodputError(
+                f"cannot write the plot {args.plot}: {exc.strerror or exc}"
+            ) from None
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 

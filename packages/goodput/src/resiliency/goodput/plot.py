@@ -81,8 +81,33 @@ def _time_use(report: Report) -> list[tuple[float, float, str]]:
     return merged + [(a, b, overlay[c]) for a, b, c in timeline.overlays]
 
 
+def lane_names(sources: list[str]) -> list[str]:
+    """Labels of the node lanes, one per ledger file ``<job>.<host>.jsonl``: ``node <host>``,
+    and ``<job> @ <host>`` for every file when the ledger holds several jobs or two files name
+    the same host (two jobs on one machine)."""
+    stems = [Path(source).stem for source in sources]
+    parts = [stem.split(".", 1) if "." in stem else ["", stem] for stem in stems]
+    hosts = [host for _, host in parts]
+    jobs = {job for job, _ in parts}
+    if len(set(hosts)) == len(hosts) and len(jobs) <= 1:
+        return [f"node {host}" for host in hosts]
+    return [f"{job} @ {host}" if job else host for job, host in parts]
+
+
 def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
     """Draw the timeline of ``report`` (read from ``ledger``) into the PNG ``path``."""
+    plt = _pyplot()
+    fig = draw_report(report, ledger)
+    out = Path(path)
+    try:
+        fig.savefig(out, dpi=110, bbox_inches="tight")  # the legends beside the axes included
+    finally:
+        plt.close(fig)
+    return out
+
+
+def draw_report(report: Report, ledger: Ledger) -> Any:
+    """The matplotlib figure of ``report``: lanes, step rate and breakdown panels."""
     plt = _pyplot()
     whole = report.whole
     t0 = whole.start
@@ -94,6 +119,7 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
     # One lane per node: per ledger file (the launcher and the ranks of a node share one).
     nodes = sorted({ev.source for ev in ledger.events} or {""})
     lane = {node: i + 1 for i, node in enumerate(nodes)}
+    names = lane_names(nodes)
     fig, (ax_lanes, ax_rate, ax_bar) = plt.subplots(
         3,
         1,
@@ -166,20 +192,20 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
             )
         elif ev.event == "straggler_detected":
             ax_lanes.plot(x(ev.time), y + 0.3, "v", color="#8c564b", label=label("straggler"))
-    names = [Path(n).stem.split(".", 1)[-1] for n in nodes]  # <job>.<host>.jsonl -> host
-    ax_lanes.set_yticks(range(len(nodes) + 1), ["time use", *(f"node {n}" for n in names)])
+    ax_lanes.set_yticks(range(len(nodes) + 1), ["time use", *names])
     ax_lanes.set_ylim(-0.7, len(nodes) + 0.8)
     ax_lanes.set_title(
         f"Goodput {100 * whole.goodput:.1f} % over {whole.total / unit:.4g} {unit_name}"
     )
-    if seen:
-        ax_lanes.legend(loc="upper right", fontsize=7, ncol=3)
+    if seen:  # beside the lanes, never over one
+        ax_lanes.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, borderaxespad=0)
 
     # Step rate between consecutive step events of one attempt.
     xs: list[float] = []
     rates: list[float] = []
     prev: tuple[float, int, int] | None = None
-    for when, step, attempt in ledger.steps:
+    steps = timeline.steps if timeline is not None else ledger.steps
+    for when, step, attempt in steps:
         if prev is not None and prev[2] == attempt and when > prev[0] and step > prev[1]:
             xs.append(x((when + prev[0]) / 2))
             rates.append((step - prev[1]) / (when - prev[0]))
@@ -197,7 +223,7 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
             lw=1,
             label=f"ideal ({report.ideal_step_time_s:.3g} s/step)",
         )
-        ax_rate.legend(loc="upper right", fontsize=7)
+        ax_rate.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, borderaxespad=0)
     ax_rate.set_ylabel("steps / s")
     ax_rate.set_xlim(ax_lanes.get_xlim())
     ax_rate.set_xlabel(f"{unit_name} since the first event")
@@ -220,7 +246,4 @@ def plot_report(report: Report, ledger: Ledger, path: str | Path) -> Path:
     ax_bar.set_xlabel("% of wall time")
     ax_bar.legend(loc="upper center", bbox_to_anchor=(0.5, -0.9), ncol=4, fontsize=8)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig

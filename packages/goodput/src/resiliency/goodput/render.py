@@ -122,6 +122,7 @@ def render_text(report: Report) -> str:
             f"({report.final_step - start} new steps kept)"
         )
     lines.append(f"Goodput: {100.0 * whole.goodput:.1f} %")
+    lines.extend(f"Hint: {hint}" for hint in report.hints)
     if report.attempts:
         restarts = f"{report.restarts} restart" + ("" if report.restarts == 1 else "s")
         lines.append(f"Cycles: {len(report.attempts)} ({restarts})")

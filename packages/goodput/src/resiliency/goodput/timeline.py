@@ -96,9 +96,40 @@ class Timeline:
     work: Work = field(default_factory=Work)
     base_ends: list[float] = field(default_factory=list)
     effective: list[float] | None = None
+    steps: list[tuple[float, int, int]] = field(default_factory=list)
+    progress_from_saves: bool = False
 
 
-def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
+def progress_steps(ledger: Ledger) -> tuple[list[tuple[float, int, int]], bool]:
+    """The ``(time, step, attempt)`` progress marks of a ledger, and whether they are saves.
+
+    The step events when there are any. Without them (a loop that never calls
+    ``get_recorder().step()``), every committed checkpoint is a progress mark: its step was
+    finished when its save began (the ``checkpoint_save_started`` time, else the commit time less
+    the save's duration). One mark per step and attempt, the earliest.
+    """
+    if ledger.steps:
+        return ledger.steps, False
+    starts: dict[tuple[int, str, int], float] = {}
+    marks: dict[tuple[int, int], float] = {}
+    for ev in ledger.events:
+        data = ev.data
+        if ev.event == "checkpoint_save_started":
+            starts[(int(data["step"]), str(data["tier"]), ev.attempt)] = ev.time
+        elif ev.event == "checkpoint_saved":
+            step = int(data["step"])
+            begin = starts.pop((step, str(data["tier"]), ev.attempt), None)
+            if begin is None:
+                begin = ev.time - float(data["total_s"] or data["blocked_s"])
+            key = (step, ev.attempt)
+            marks[key] = min(begin, marks.get(key, begin))
+    steps = sorted((when, step, attempt) for (step, attempt), when in marks.items())
+    return steps, bool(steps)
+
+
+def _cycle_starts(
+    ledger: Ledger, steps: list[tuple[float, int, int]], start: float
+) -> list[tuple[float, int]]:
     """Start time and number of each of the job's cycles.
 
     Every node's launcher numbers its own cycles, and a node that was replaced starts again
@@ -108,10 +139,9 @@ def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
     """
     node_starts = [(ev.time, ev.node) for ev in ledger.events if ev.event == "cycle_started"]
     if not node_starts:
-        node_starts = _attempt_changes(ledger)
+        node_starts = _attempt_changes(ledger, steps)
     progress = sorted(
-        [s[0] for s in ledger.steps]
-        + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
+        [s[0] for s in steps] + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
     )
     starts = _join_starts(node_starts, progress)
     if not starts:
@@ -119,7 +149,9 @@ def _cycle_starts(ledger: Ledger, start: float) -> list[tuple[float, int]]:
     return [(start, 0), *((when, i + 1) for i, when in enumerate(starts[1:]))]
 
 
-def _attempt_changes(ledger: Ledger) -> list[tuple[float, str]]:
+def _attempt_changes(
+    ledger: Ledger, steps: list[tuple[float, int, int]]
+) -> list[tuple[float, str]]:
     """``(time, rank)`` where a rank first writes under a new restart count (its node's
     launcher restarted it); the ledger's first worker event counts as the first start.
     Steps are rank 0's."""
@@ -128,7 +160,7 @@ def _attempt_changes(ledger: Ledger) -> list[tuple[float, str]]:
         for ev in ledger.events
         if ev.data.get("rank") is not None
     ]
-    marks += [(when, "0", attempt) for when, _, attempt in ledger.steps]
+    marks += [(when, "0", attempt) for when, _, attempt in steps]
     marks.sort(key=_FIRST)
     last: dict[str, int] = {}
     changes: list[tuple[float, str]] = []
@@ -215,13 +247,14 @@ def _hang_span(ev: Event) -> tuple[float, float]:
 
 def build_timeline(ledger: Ledger) -> Timeline:
     """Cut the ledger's time into base intervals and overlays (see the module docstring)."""
-    times = [ev.time for ev in ledger.events[:1]] + [s[0] for s in ledger.steps[:1]]
+    steps, from_saves = progress_steps(ledger)
+    times = [ev.time for ev in ledger.events[:1]] + [s[0] for s in steps[:1]]
     if not times:
         return Timeline(0.0, 0.0)
     start = min(times)
-    end = max([ev.time for ev in ledger.events[-1:]] + [s[0] for s in ledger.steps[-1:]])
-    timeline = Timeline(start, end)
-    timeline.cycles = cycles = _cycles(ledger, _cycle_starts(ledger, start), end)
+    end = max([ev.time for ev in ledger.events[-1:]] + [s[0] for s in steps[-1:]])
+    timeline = Timeline(start, end, steps=steps, progress_from_saves=from_saves)
+    timeline.cycles = cycles = _cycles(ledger, _cycle_starts(ledger, steps, start), end)
 
     # Progress marks per cycle: (time, step, LOAD) for loads, (time, step, attempt) for steps.
     loads: list[list[tuple[float, int, int]]] = [[] for _ in cycles]
@@ -244,12 +277,12 @@ def build_timeline(ledger: Ledger) -> Timeline:
                 begin = ev.time - float(data["total_s"] or data["blocked_s"])
             raw.append((begin, begin + float(data["blocked_s"]), "saving"))
             timeline.saves.append((begin, ev.time, int(data["step"])))
-    step_times = list(map(_FIRST, ledger.steps))
+    step_times = list(map(_FIRST, steps))
     bounds = [0] + [bisect.bisect_left(step_times, c.start) for c in cycles[1:]]
     bounds.append(len(step_times))
     marks: list[list[tuple[float, int, int]]] = []
     for i, cycle_loads in enumerate(loads):
-        cycle_marks = ledger.steps[bounds[i] : bounds[i + 1]]
+        cycle_marks = steps[bounds[i] : bounds[i + 1]]
         if cycle_loads:
             cycle_marks = sorted(cycle_marks + cycle_loads)
         marks.append(cycle_marks)
