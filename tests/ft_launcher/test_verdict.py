@@ -70,3 +70,33 @@ def test_single_dump_and_garbage():
     only = analyze_hang({3: one})
     assert only.by_frame == {Frame("/x/y.py", 7, "step"): (3,)}
     assert only.summary == "hang verdict: rank 3 stuck at step (y.py:7)"
+
+
+def _frame_dump(path: str, line: int, name: str) -> str:
+    return (
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{path}", line {line} in {name}\n'
+        '  File "/job/train.py", line 40 in <module>\n'
+    )
+
+
+def test_two_ranks_the_one_outside_any_collective_is_the_culprit():
+    backward = _frame_dump("/v/site-packages/torch/autograd/graph.py", 829, "_engine_run_backward")
+    asleep = _frame_dump("/job/train.py", 18, "sleeper")
+    verdict = analyze_hang({0: backward, 1: asleep})
+    assert verdict.culprits == (1,)
+    assert verdict.common_frame is not None and verdict.common_frame.waits_for_peers
+    assert verdict.summary == (
+        "hang verdict: rank 0 stuck at _engine_run_backward (graph.py:829); "
+        "rank 1 elsewhere at sleeper (train.py:18) -> likely culprit: rank 1"
+    )
+
+
+def test_waiting_in_a_collective_beats_the_majority():
+    # Two ranks stuck in the same user code, one waiting in an all-reduce for them.
+    reduce = _frame_dump("/v/torch/distributed/distributed_c10d.py", 2800, "all_reduce")
+    loader = _frame_dump("/job/data.py", 7, "next_batch")
+    verdict = analyze_hang({0: loader, 1: reduce, 2: loader, 3: None})
+    assert verdict.culprits == (0, 2)
+    assert verdict.no_dump == (3,)
+    assert "likely culprit: ranks 0,2; no stack dump from rank 3" in verdict.summary

@@ -25,7 +25,7 @@ from resiliency.ft import MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
 from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
-from resiliency.launcher.diagnosis import HangDiagnosis
+from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import HealthResult, run_health_checks
@@ -306,12 +306,15 @@ class FtElasticAgent(CompatAgent):
             self._cycle.diagnosis.request_peer_stacks(peers)
 
     def _collect_verdict(self) -> None:
-        summary = self._cycle.diagnosis.verdict(
-            self._cycle.ranks, lambda: self._handle_events(self._monitors.poll_events())
+        cycle = self._cycle
+        verdict = cycle.diagnosis.verdict(
+            cycle.ranks, lambda: self._handle_events(self._monitors.poll_events())
         )
-        if summary is not None:
-            self.verdicts.append(summary)
-            logger.error("%s", summary)
+        if verdict is not None:
+            self.verdicts.append(verdict.summary)
+            logger.error("%s", verdict.summary)
+            if (cause := culprit_cause(verdict, cycle.ranks, cycle.pids)) is not None:
+                cycle.causes.insert(0, cause)  # the root cause is the culprit, not the first timer
 
     def _on_workload_control(self, event: MonitorEvent) -> None:
         try:

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from resiliency.ft import MonitorEvent
 from resiliency.launcher.monitors import MonitorSet
-from resiliency.launcher.verdict import analyze_hang
+from resiliency.launcher.verdict import HangVerdict, analyze_hang
 
-__all__ = ["HangDiagnosis"]
+__all__ = ["HangDiagnosis", "culprit_cause"]
 
 # Beyond the monitors' own stack_dump_timeout: their loop period and the event round trip.
 _DUMP_SLACK_S = 1.0
@@ -57,7 +57,9 @@ class HangDiagnosis:
             if self._monitors.request_stack_dump(local_rank):
                 self._requested.add(local_rank)
 
-    def verdict(self, ranks: Mapping[int, int], poll_events: Callable[[], None]) -> str | None:
+    def verdict(
+        self, ranks: Mapping[int, int], poll_events: Callable[[], None]
+    ) -> HangVerdict | None:
         """Wait (bounded) for the requested stacks, then compare every rank's innermost frame.
 
         Args:
@@ -65,7 +67,7 @@ class HangDiagnosis:
             poll_events: Reads pending monitor events and feeds them back to this object.
 
         Returns:
-            The one-line verdict, or None when the cycle had no hang.
+            The verdict (its ``summary`` is the line to log), or None when the cycle had no hang.
         """
         if not self.hangs:
             return None
@@ -80,4 +82,36 @@ class HangDiagnosis:
             dumps[ranks.get(local_rank, local_rank)] = text
         for local_rank, event in self.hangs.items():
             dumps[ranks.get(local_rank, local_rank)] = event.stack_dump
-        return analyze_hang(dumps).summary
+        return analyze_hang(dumps)
+
+
+def culprit_cause(
+    verdict: HangVerdict, ranks: Mapping[int, int], pids: Mapping[int, int]
+) -> str | None:
+    """The root cause of a hang in words, naming the verdict's culprit (None when it has none).
+
+    The monitors report whichever rank's timer expires first, usually a rank that waits for the
+    culprit; the launcher's last line and ``--exit-status-file`` must name the culprit instead.
+
+    Args:
+        verdict: The cycle's hang verdict.
+        ranks: Local rank -> global rank of this cycle's workers.
+        pids: Local rank -> pid.
+    """
+    if not verdict.culprits:
+        return None
+    local = {rank: lr for lr, rank in ranks.items()}
+
+    def who(rank: int) -> str:
+        if rank not in local:
+            return f"rank {rank}"
+        return f"rank {rank} (local rank {local[rank]}, pid {pids.get(local[rank])})"
+
+    frames = {r: frame for frame, group in verdict.by_frame.items() for r in group}
+    where = "; ".join(f"{who(r)} at {frames[r]}" for r in verdict.culprits)
+    text = f"likely culprit of the hang: {where}"
+    if verdict.common_frame is not None:
+        peers = verdict.by_frame.get(verdict.common_frame, ())
+        noun = "rank" if len(peers) == 1 else "ranks"
+        text += f", while {noun} {','.join(map(str, peers))} waited at {verdict.common_frame}"
+    return text

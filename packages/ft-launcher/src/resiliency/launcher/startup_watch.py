@@ -65,7 +65,7 @@ class StartupWatch:
         if self._timeout is not None and waiting:
             logger.info(
                 "rank %s connected to its monitor; %s must connect within "
-                "rank_startup_timeout (%s s of their spawn) or count as hung",
+                "rank_startup_timeout (%s s of spawn) or count as hung",
                 self._ranks.get(local_rank, local_rank),
                 _ranks_text([self._ranks[lr] for lr in waiting]),
                 f"{self._timeout:g}",

@@ -118,6 +118,8 @@ def check_supervision_args(args: argparse.Namespace) -> None:
 
 def normalize_cause(text: str) -> str:
     """A cycle's root cause, without pids and ranks: ``hang:heartbeat``, ``exit:1``, ``peer``..."""
+    if text.startswith("likely culprit of the hang"):
+        return "hang:culprit"
     if match := re.search(r"hung: (\S+) timer", text):
         return f"hang:{match.group(1)}"
     if match := re.search(r"exited with code (-?\d+)", text):

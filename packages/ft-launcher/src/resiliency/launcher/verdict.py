@@ -21,6 +21,12 @@ _STACK_RE = re.compile(r"^Stack \(most recent call first\):")
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<name>.+?)\s*$')
 
 
+#: Where a rank waits for its peers: inside torch.distributed (a collective, a barrier, the
+#: store), or in the autograd engine (DDP's gradient all-reduce runs inside backward()). A rank
+#: stopped anywhere else while others wait there is what they wait for.
+_WAITING_PATHS = ("/torch/distributed/", "/torch/autograd/", "/torch/futures/")
+
+
 @dataclass(frozen=True)
 class Frame:
     """One Python frame of a stack dump."""
@@ -32,6 +38,12 @@ class Frame:
     def __str__(self) -> str:
         short = self.filename.rsplit("/", 1)[-1]
         return f"{self.name} ({short}:{self.lineno})"
+
+    @property
+    def waits_for_peers(self) -> bool:
+        """True when this innermost frame is inside torch.distributed or the autograd engine."""
+        path = self.filename.replace("\\", "/")
+        return any(part in path for part in _WAITING_PATHS)
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,9 @@ def analyze_hang(dumps: Mapping[int, str | None]) -> HangVerdict:
     if not ordered:
         return HangVerdict({}, None, (), tuple(no_dump), f"hang verdict: no stack dumps{tail}")
 
+    split = _split_by_waiting(ordered, tuple(no_dump), tail)
+    if split is not None:
+        return split
     top_frame, top_ranks = ordered[0]
     if len(ordered) == 1:
         where = f"{_ranks(top_ranks)} stuck at {top_frame}"
@@ -160,3 +175,31 @@ def analyze_hang(dumps: Mapping[int, str | None]) -> HangVerdict:
         f"-> likely culprit: {_ranks(list(culprits))}{tail}"
     )
     return HangVerdict(frozen, top_frame, culprits, tuple(no_dump), summary)
+
+
+def _split_by_waiting(
+    ordered: list[tuple[Frame, tuple[int, ...]]], no_dump: tuple[int, ...], tail: str
+) -> HangVerdict | None:
+    """The ranks stopped outside any collective while the others wait in one are the culprits.
+
+    This rule comes before the majority rule: it also names a culprit between two ranks, and it
+    is not fooled when several ranks are stuck in the same user code while one waits for them.
+
+    Args:
+        ordered: frame -> ranks, the largest group first.
+        no_dump: the ranks without a usable dump.
+        tail: what the summary ends with (those ranks, in words).
+
+    Returns:
+        The verdict, or None when every rank waits in a collective or none does.
+    """
+    waiting = [(f, r) for f, r in ordered if f.waits_for_peers]
+    elsewhere = [(f, r) for f, r in ordered if not f.waits_for_peers]
+    if not waiting or not elsewhere:
+        return None
+    culprits = tuple(sorted(r for _, ranks in elsewhere for r in ranks))
+    waits = "; ".join(f"{_ranks(r)} stuck at {f}" for f, r in waiting)
+    others = "; ".join(f"{_ranks(r)} elsewhere at {f}" for f, r in elsewhere)
+    summary = f"hang verdict: {waits}; {others} -> likely culprit: {_ranks(list(culprits))}{tail}"
+    frozen = dict(ordered)
+    return HangVerdict(frozen, waiting[0][0], culprits, no_dump, summary)
