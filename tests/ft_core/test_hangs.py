@@ -271,3 +271,53 @@ def test_initial_timer_runs_from_the_connection(start_monitor, spawn_rank):
     connecting_at = float(rank.output().split("connecting at ")[1].split()[0])
     assert 1.5 < hang.elapsed <= seen_at - connecting_at
     assert "no first heartbeat or section since init_workload_monitoring()" in monitor.log()
+
+
+def test_block_that_raises_stays_watched_through_a_hung_teardown(start_monitor, spawn_rank):
+    # Issue 30, item 3: the exception must not switch hang detection off (no 'bye'), so a
+    # teardown that hangs after it (a stuck NCCL teardown) is still found and killed.
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    rank = spawn_rank(
+        """
+        import time
+        from resiliency.ft import RankMonitorClient
+
+        def stuck_teardown():
+            time.sleep(120)
+
+        try:
+            with RankMonitorClient() as block_client:
+                block_client.send_heartbeat()
+                raise RuntimeError("injected failure in the training loop")
+        finally:
+            stuck_teardown()
+        """,
+        monitor,
+        prelude=False,
+    )
+    # The prelude is left out: the block's own client is the rank's only connection.
+    hang = _assert_killed(monitor, rank, "heartbeat", "stuck_teardown")
+    assert hang.elapsed < 20.0
+    log = monitor.log()
+    assert "finished cleanly" not in log
+    assert "leaving the monitored block with RuntimeError" in rank.output()
+
+
+def test_block_that_ends_cleanly_says_goodbye(start_monitor, spawn_rank):
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    rank = spawn_rank(
+        """
+        import time
+        from resiliency.ft import RankMonitorClient
+
+        with RankMonitorClient() as block_client:
+            block_client.send_heartbeat()
+        print("left the block", flush=True)
+        time.sleep(3)  # unwatched after a clean block: never a hang
+        """,
+        monitor,
+        prelude=False,
+    )
+    assert rank.wait(30) == 0, rank.output()
+    assert "finished cleanly; its timers are disarmed" in monitor.log()
+    assert not any(e.kind == "hang" for e in monitor.drain(0.5))

@@ -201,7 +201,22 @@ class RankMonitorClient(HotPath):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.shutdown_workload_monitoring()
+        """Say goodbye after a clean block; after an exception, stay watched until the exit.
+
+        A block that raises is a failing rank: its teardown (``destroy_process_group``, a
+        stuck NCCL abort, atexit handlers) can still hang, and only its monitor can end that.
+        So no 'bye' is sent and the stack-dump handler stays registered; the monitor keeps the
+        rank's timers running until the process exits (then it disarms them on its own).
+        """
+        if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self.shutdown_workload_monitoring()
+        elif self._sock is not None:
+            logger.warning(
+                "%s: leaving the monitored block with %s; the monitor keeps watching this rank "
+                "until the process exits",
+                self._who(),
+                exc_type.__name__,
+            )
 
     # -- cold path ----------------------------------------------------------------------------
 
