@@ -51,16 +51,13 @@ JOB = HERE / "_goodput_job.py"
 SETUPS = {
     "torchrun": "torchrun --max-restarts + Lightning ModelCheckpoint (torch.save)",
     "toolkit": "ft-launcher --ft-preimport + resiliency callbacks (calculated heartbeat "
-    "timeouts, async + "
-    "emergency checkpoints)",
+    "timeouts, async + emergency checkpoints)",
 }
 FT_FLAGS = [
     "--monitor-interval",
     "0.5",
     "--ft-initial-rank-heartbeat-timeout",
     "120",
-    "--ft-rank-heartbeat-timeout",
-    "10",
     "--ft-stack-dump-timeout",
     "1",
     "--ft-termination-grace-period",
@@ -91,7 +88,7 @@ def _command(
         "--nnodes",
         "2",
         "--nproc-per-node",
-        "2",
+        str(args.nproc_per_node),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
@@ -131,6 +128,8 @@ def _command(
         "resiliency.launcher",
         *rdzv,
         *FT_FLAGS,
+        "--ft-rank-heartbeat-timeout",
+        str(args.heartbeat_timeout),
         "--goodput-dir",
         str(ledger),
         *job,
@@ -138,7 +137,11 @@ def _command(
 
 
 def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Run one setup under the plan; return its row of results."""
+    """Run one setup under the plan; return its row of results.
+
+    ``args`` holds ``main``'s options (``parser().parse_args([...])`` gives the defaults). The
+    launcher's output goes to ``work/<setup>.log`` and the ledger to ``work/<setup>/ledger``.
+    """
     ckpt, ledger = work / setup / "ckpt", work / setup / "ledger"
     ckpt.mkdir(parents=True)
     ledger.mkdir(parents=True)
@@ -165,6 +168,7 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
                 goodput_dir=ledger,
                 env=env,
                 stdout=log,
+                faults_from_first_step=args.from_first_step,
             )
         )
         scheduler.emit("job_scheduled")
@@ -207,7 +211,7 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
     }
 
 
-def _table(results: list[dict[str, Any]]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     names = [r["setup"] for r in results]
     lines = [f"{'':28}" + "".join(f"{n:>16}" for n in names)]
     lines.append(f"{'goodput':28}" + "".join(f"{r['goodput_percent']:>15.1f}%" for r in results))
@@ -226,7 +230,7 @@ def _table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot_shares(results: list[dict[str, Any]], path: Path) -> None:
     try:
         import matplotlib  # noqa: PLC0415 - optional
 
@@ -255,7 +259,8 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options; ``examples/demo.py`` runs the same setups with its own."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=HERE / "results")
     p.add_argument("--duration", type=float, default=600.0, help="wall seconds per setup")
@@ -274,8 +279,24 @@ def main() -> int:
     p.add_argument("--gloo-timeout", type=float, default=60.0)
     p.add_argument("--restart-after", type=float, default=5.0)
     p.add_argument("--setups", default="torchrun,toolkit")
+    p.add_argument("--nproc-per-node", type=int, default=2)
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=10.0,
+        help="toolkit: the heartbeat timeout until calculated ones replace it",
+    )
+    p.add_argument(
+        "--from-first-step",
+        action="store_true",
+        help="time the faults from the job's first training step, not from the launchers' start",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = parser().parse_args()
     mtbf = args.mtbf or args.duration / 12
     plan = FaultPlan.from_seed(
         args.seed,
@@ -297,7 +318,7 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(_table(results))
+    print(table(results))
     for r in results:
         print(f"\n{r['setup']}: faults")
         for i, f in enumerate(r["faults"], 1):
@@ -320,7 +341,7 @@ def main() -> int:
             indent=2,
         )
     )
-    _plot(results, args.results / "bench_goodput.png")
+    plot_shares(results, args.results / "bench_goodput.png")
     print(f"[bench_goodput] wrote {out}")
     return 0
 
