@@ -3,7 +3,9 @@
 * ``report``: a ledger of ``--events`` events (default 1,000,000: a long job with every step
   recorded, checkpoint saves every 500 steps, a crash and a hang with restarts, over two node
   files) is generated, then ``resiliency-goodput report`` runs on it as a subprocess (what a
-  user types, interpreter start included), ``--repeats`` times. Target: <= 3 s wall.
+  user types, interpreter start included), ``--repeats`` times. Target: <= 3 s of CPU (user +
+  system, of the report and any process it starts); the wall time is shown too, but on a
+  shared machine it also counts the neighbours' load.
 * ``step()``: the cost per call on the calling (training) thread of an enabled rank-0
   recorder, timed in batches, median over ``--repeats`` repeats. Target: <= 2 us.
 
@@ -220,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'figure':<44}{'median':>10}  {'target':<8}{'runs'}")
     rows: list[tuple[str, float, list[float], float | None]] = [
-        ("report on the ledger (subprocess, wall s)", report_s, report_runs, REPORT_TARGET_S),
-        # Informational: it may exceed the wall time (the reader scans in worker processes).
-        ("report, CPU of all its processes (s)", cpu_s, cpu_runs, None),
+        ("report, CPU of all its processes (s)", cpu_s, cpu_runs, REPORT_TARGET_S),
+        # Informational: on a shared machine the wall time also counts the neighbours' load.
+        ("report on the ledger (subprocess, wall s)", report_s, report_runs, None),
         ("Recorder.step() per call, rank 0 (us)", step_us, step_runs, STEP_TARGET_US),
     ]
     for name, median, runs, target in rows:
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             "report_cpu_runs_s": cpu_runs,
             "load_average_1min": os.getloadavg()[0],
             "report_target_s": REPORT_TARGET_S,
+            "report_target_of": "cpu",
             "step_runs_us": step_runs,
             "step_target_us": STEP_TARGET_US,
             "goodput": data["goodput"],

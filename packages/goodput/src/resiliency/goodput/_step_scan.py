@@ -38,6 +38,7 @@ Scanned = tuple[list[tuple[float, int, int]], list[tuple[int, bytes]]]
 # A scanned block as a worker process sends it back: arrays pickle as plain bytes.
 _Packed = tuple[array, array, array, list[tuple[int, bytes]]]
 PARALLEL_MIN_BYTES = 16 << 20
+PARALLEL_MIN_CORES = 4
 
 
 def looks_like_steps(block: bytes) -> bool:
@@ -54,9 +55,13 @@ def _columns(block: bytes, most_others: float) -> tuple[Columns, list[tuple[int,
     others = [(i, others_text[i]) for i in positions]
     rows = list(itertools.filterfalse(_OTHER, found)) if positions else found
     minute, seconds, attempt, step = (list(map(g, rows)) for g in _GROUPS)
-    for text in set(minute) - _minutes.keys():
-        _minutes[text] = parse_time(text.decode() + ":00.000000+00:00")
-    when = list(map(operator.add, map(_minutes.__getitem__, minute), map(float, seconds)))
+    try:  # a block spans a few minutes, all known but the first time: no set of a million
+        bases = list(map(_minutes.__getitem__, minute))
+    except KeyError:
+        for text in set(minute) - _minutes.keys():
+            _minutes[text] = parse_time(text.decode() + ":00.000000+00:00")
+        bases = list(map(_minutes.__getitem__, minute))
+    when = list(map(operator.add, bases, map(float, seconds)))
     return (when, list(map(int, step)), list(map(int, attempt))), others
 
 
@@ -104,6 +109,9 @@ def parallel_workers(nbytes: int) -> int:
     """How many processes should scan ``nbytes`` of ledger: 1 (this one) unless the ledger
     is large, the machine has several cores and this process has no other thread (a fork
     would copy another thread's locks in whatever state they are)."""
-    if nbytes < PARALLEL_MIN_BYTES or threading.active_count() > 1:
+    cores = len(os.sched_getaffinity(0))
+    # Workers cost CPU (a fork, the columns sent back and rebuilt): about 0.7 s more for a
+    # million lines. On a machine of 2 or 3 cores, often shared, one process is cheaper.
+    if nbytes < PARALLEL_MIN_BYTES or threading.active_count() > 1 or cores < PARALLEL_MIN_CORES:
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    return min(cores, 4)
