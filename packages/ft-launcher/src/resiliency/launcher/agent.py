@@ -122,7 +122,10 @@ class FtElasticAgent(CompatAgent):
         self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
 
     def _new_cycle(self) -> _Cycle:
-        return _Cycle(HangDiagnosis(self._monitors, self._settings.ft_cfg.stack_dump_timeout))
+        cfg = self._settings.ft_cfg
+        return _Cycle(
+            HangDiagnosis(self._monitors, cfg.stack_dump_timeout, cfg.termination_grace_period)
+        )
 
     # --- worker environment and lifecycle hooks ------------------------------------------------
     def extra_worker_env(self, local_rank: int) -> dict[str, str]:
@@ -201,6 +204,9 @@ class FtElasticAgent(CompatAgent):
         timeout: float = 30,
         is_restart: bool = False,
     ) -> None:
+        # A hung rank is its monitor's to end (grace period, then SIGKILL): let it finish first.
+        for lr in self._cycle.diagnosis.await_ends(self._poll_events):
+            logger.warning("the monitor of local rank %d did not report its hung rank gone", lr)
         self._monitors.workers_stopped()
         self.shutdown_workers(death_sig, timeout=timeout, is_restart=is_restart)
         self._worker_groups.end_leftovers()
@@ -262,6 +268,9 @@ class FtElasticAgent(CompatAgent):
                 logger.log(logging.WARNING if stopped else logging.ERROR, "%s", cause)
                 self._cycle.causes.append(cause)
 
+    def _poll_events(self) -> None:
+        self._handle_events(self._monitors.poll_events())
+
     def _handle_events(self, events: list[MonitorEvent]) -> None:
         for event in events:
             local_rank = event.local_rank
@@ -269,6 +278,8 @@ class FtElasticAgent(CompatAgent):
                 logger.warning("monitor event without a local rank ignored: %s", event.raw)
             elif event.kind == "hang":
                 self._on_hang(local_rank, event)
+            elif event.kind == "killed":
+                self._cycle.diagnosis.add_ended(local_rank, event)
             elif event.kind == "stacks":
                 self._cycle.diagnosis.add_stacks(local_rank, event.stack_dump)
             elif event.kind == "wlc":
@@ -293,7 +304,11 @@ class FtElasticAgent(CompatAgent):
             f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) hung: "
             f"{event.timer} timer expired after {elapsed} (limit {limit})"
         )
-        logger.error("%s; its monitor terminated it", cause)
+        cfg = self._settings.ft_cfg
+        logger.error(
+            "%s; its monitor stops it (%s, SIGKILL after %g s)",
+            *(cause, cfg.rank_termination_signal.name, cfg.termination_grace_period),
+        )
         self.hangs_detected += 1
         self.goodput.hang_detected(event.rank, event.timer, event.elapsed, event.limit)
         self._cycle.causes.append(cause)
@@ -307,9 +322,7 @@ class FtElasticAgent(CompatAgent):
 
     def _collect_verdict(self) -> None:
         cycle = self._cycle
-        verdict = cycle.diagnosis.verdict(
-            cycle.ranks, lambda: self._handle_events(self._monitors.poll_events())
-        )
+        verdict = cycle.diagnosis.verdict(cycle.ranks, self._poll_events)
         if verdict is not None:
             self.verdicts.append(verdict.summary)
             logger.error("%s", verdict.summary)

@@ -8,6 +8,7 @@ the innermost frames of all of them (:func:`resiliency.launcher.verdict.analyze_
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -17,9 +18,13 @@ from resiliency.launcher.verdict import HangVerdict, analyze_hang
 
 __all__ = ["HangDiagnosis", "culprit_cause"]
 
+logger = logging.getLogger(__name__)
+
 # Beyond the monitors' own stack_dump_timeout: their loop period and the event round trip.
 _DUMP_SLACK_S = 1.0
 _POLL_S = 0.05
+# The monitor's wait for the kernel to reap a worker after SIGKILL (resiliency.ft's HangAction).
+_SIGKILL_WAIT_S = 5.0
 
 
 class HangDiagnosis:
@@ -30,10 +35,13 @@ class HangDiagnosis:
         dump_timeout: The monitors' ``stack_dump_timeout``.
     """
 
-    def __init__(self, monitors: MonitorSet, dump_timeout: float) -> None:
+    def __init__(self, monitors: MonitorSet, dump_timeout: float, grace_period: float) -> None:
         self.hangs: dict[int, MonitorEvent] = {}
+        self.ended: dict[int, MonitorEvent] = {}
         self._monitors = monitors
         self._wait_s = dump_timeout + _DUMP_SLACK_S
+        # The monitor's whole escalation: dump, grace period, SIGKILL and its wait for the reap.
+        self._end_wait_s = dump_timeout + grace_period + _SIGKILL_WAIT_S + _DUMP_SLACK_S
         self._requested: set[int] = set()
         self._stacks: dict[int, str | None] = {}
 
@@ -46,6 +54,41 @@ class HangDiagnosis:
         first = not self.hangs
         self.hangs[local_rank] = event
         return first
+
+    def add_ended(self, local_rank: int, event: MonitorEvent) -> bool:
+        """Record a monitor's ``killed`` report: the hung rank is gone.
+
+        Returns:
+            True when it ends a hang of this cycle (not a late report about an earlier worker).
+        """
+        hang = self.hangs.get(local_rank)
+        if hang is None or hang.pid != event.pid or local_rank in self.ended:
+            return False
+        self.ended[local_rank] = event
+        how = f"its monitor's {event.signal}" if event.signal else "itself"
+        logger.error("rank %s (pid %s), hung, is gone: ended by %s", event.rank, event.pid, how)
+        return True
+
+    def await_ends(self, poll_events: Callable[[], None]) -> list[int]:
+        """Wait (bounded) until the monitor of every hung rank has ended it.
+
+        The monitors own the escalation of a hang (termination signal, then SIGKILL after
+        ``termination_grace_period``); stopping the workers before it ends would cancel it and
+        leave the hung rank to torch's ``--workers-stop-timeout`` instead.
+
+        Args:
+            poll_events: Reads pending monitor events and feeds them back to this object.
+
+        Returns:
+            The local ranks whose monitor did not report the end in time.
+        """
+        deadline = time.monotonic() + self._end_wait_s
+        while (pending := sorted(set(self.hangs) - set(self.ended))) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(_POLL_S)
+            poll_events()
+        return pending
 
     def add_stacks(self, local_rank: int, dump: str | None) -> None:
         """Record a monitor's answer to a stack-dump request."""
