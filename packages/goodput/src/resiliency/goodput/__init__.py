@@ -3,6 +3,7 @@
 Stdlib only; matplotlib (the ``plot`` extra) only to draw timelines. See ``docs/goodput.md``.
 """
 
+from resiliency.goodput.advice import Advice, TierAdvice, advise, daly_interval, young_interval
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
 from resiliency.goodput.errors import GoodputError, MissingDependencyError
 from resiliency.goodput.ledger import Event, Ledger, LedgerReader, read_ledger
@@ -19,6 +20,7 @@ __all__ = [
     "DIR_ENV",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
+    "Advice",
     "Breakdown",
     "Event",
     "GoodputError",
@@ -27,10 +29,14 @@ __all__ = [
     "MissingDependencyError",
     "Recorder",
     "Report",
+    "TierAdvice",
+    "advise",
     "compute",
+    "daly_interval",
     "get_recorder",
     "ledger_path",
     "read_ledger",
     "render_schema_reference",
     "validate_event",
+    "young_interval",
 ]

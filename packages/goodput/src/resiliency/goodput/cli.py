@@ -1,4 +1,4 @@
-"""The ``resiliency-goodput`` command: ``report`` and ``watch``."""
+"""The ``resiliency-goodput`` command: ``report``, ``advise`` and ``watch``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from types import FrameType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from resiliency.goodput._time import parse_duration
+from resiliency.goodput.advice import advise
 from resiliency.goodput.calculator import compute
 from resiliency.goodput.errors import GoodputError
-from resiliency.goodput.ledger import LedgerReader, read_ledger
-from resiliency.goodput.render import render_live, render_text
+from resiliency.goodput.ledger import Ledger, LedgerReader, read_ledger
+from resiliency.goodput.render import render_advice, render_live, render_text
 
 PROGRESS_MIN_BYTES = 20 << 20  # ledgers larger than this show progress on stderr
 
@@ -101,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ZONE",
         help="zone of times written without one (Google's tracker: local time); default UTC",
     )
+    advice = sub.add_parser("advise", help="how often to checkpoint, from the ledger")
+    advice.add_argument("paths", nargs="+", help="ledger directories or files (JSON lines)")
+    advice.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advice.add_argument("--reference-step-time", type=_reference, default="auto", metavar="S|auto")
+    advice.add_argument("--timezone", type=_zone, default=ZoneInfo("UTC"), metavar="ZONE")
     watch = sub.add_parser("watch", help="print live figures of a running job's ledger")
     watch.add_argument("paths", nargs="+", help="ledger directory or files")
     watch.add_argument(
@@ -130,17 +136,7 @@ def _check_plot_path(path: Path) -> None:
 def _report(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _check_plot_path(args.plot)
-    ledger = read_ledger(args.paths, progress=_Progress(), zone=args.timezone)
-    if not ledger.files:
-        raise GoodputError(
-            f"no ledger in {', '.join(map(str, args.paths))}: no *.jsonl file there. Give the "
-            "directory the job wrote its ledger to (ft-launcher --goodput-dir, "
-            "RESILIENCY_GOODPUT_DIR) or its files"
-        )
-    for warning in ledger.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    for note in ledger.notes:
-        print(f"note: {note}", file=sys.stderr)
+    ledger = _read(args)
     report = compute(ledger, args.reference_step_time, args.window)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -162,6 +158,31 @@ def _report(args: argparse.Namespace) -> int:
                 f"cannot write the plot {args.plot}: {exc.strerror or exc}"
             ) from None
         print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _read(args: argparse.Namespace) -> Ledger:
+    """The ledger named on the command line, its warnings and notes on stderr."""
+    ledger = read_ledger(args.paths, progress=_Progress(), zone=args.timezone)
+    if not ledger.files:
+        raise GoodputError(
+            f"no ledger in {', '.join(map(str, args.paths))}: no *.jsonl file there. Give the "
+            "directory the job wrote its ledger to (ft-launcher --goodput-dir, "
+            "RESILIENCY_GOODPUT_DIR) or its files"
+        )
+    for warning in ledger.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for note in ledger.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return ledger
+
+
+def _advise(args: argparse.Namespace) -> int:
+    advice = advise(_read(args), args.reference_step_time)
+    if args.json:
+        print(json.dumps(advice.to_json(), indent=2))
+    else:
+        sys.stdout.write(render_advice(advice))
     return 0
 
 
@@ -199,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "report":
             return _report(args)
+        if args.command == "advise":
+            return _advise(args)
         return _watch(args)
     except GoodputError as exc:
         print(f"resiliency-goodput: error: {exc}", file=sys.stderr)

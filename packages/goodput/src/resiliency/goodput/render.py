@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from resiliency.goodput._time import format_duration
+from resiliency.goodput.advice import CONFIDENCE, MIN_FAILURES, Advice
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report
 
 LABELS = {
@@ -165,3 +166,71 @@ def render_live(report: Report) -> str:
     if report.attempts:
         parts.append(f"attempt {report.attempts[-1].cycle}")
     return " | ".join(parts)
+
+
+def _maybe(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100.0 * value:.1f} %"
+
+
+def render_advice(advice: Advice) -> str:
+    """The human-readable checkpoint advice."""
+    hours = advice.running_s / 3600.0
+    lines = [f"Checkpoint advice: {advice.failures} failure(s) in {hours:.1f} h of ledger"]
+    if advice.mtbf_s is not None:
+        high = "?" if advice.mtbf_high_s is None else format_duration(advice.mtbf_high_s)
+        lines.append(
+            f"MTBF: {format_duration(advice.mtbf_s)} ({100 * CONFIDENCE:.0f} % confidence "
+            f"{_maybe(advice.mtbf_low_s)} .. {high}), from {advice.failures} failure(s)"
+        )
+    if advice.restart_s is not None:
+        lines.append(
+            f"Restart: {format_duration(advice.restart_s)} a restart (failure to the first "
+            f"progress, loading excluded; mean of {advice.restarts})"
+        )
+    lines.append(
+        f"Step efficiency: {100 * advice.step_efficiency:.1f} % (ideal / actual step time)"
+    )
+    if not advice.enough:
+        more = advice.more_hours_needed or 0.0
+        lines.append(
+            f"Too few failures to advise: {advice.failures} seen, {MIN_FAILURES} needed. "
+            f"About {more:.1f} more hour(s) of ledger at the failure rate seen so far."
+        )
+    if not advice.tiers:
+        lines.append("No checkpoint was saved: nothing to advise on.")
+        return "\n".join(lines) + "\n"
+    lines.append("")
+    head = ["tier", "save blocks", "restore", "now", "advised", "Young", "goodput now", "advised"]
+    rows = [head]
+    for tier in advice.tiers:
+        steps = tier.steps(tier.advised_interval_s)
+        advised = _maybe(tier.advised_interval_s) + (f" ({steps} st)" if steps else "")
+        now_steps = tier.steps(tier.interval_s)
+        now = _maybe(tier.interval_s) + (f" ({now_steps} st)" if now_steps else "")
+        rows.append(
+            [
+                tier.tier + (" *" if tier.tier == advice.primary else ""),
+                format_duration(tier.save_blocked_s),
+                _maybe(tier.restore_s),
+                now,
+                advised,
+                _maybe(tier.young_interval_s),
+                _share(tier.goodput_now),
+                _share(tier.goodput_advised),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        lines.append(("  " + cells).rstrip())
+    lines.append("")
+    lines.append(
+        "Intervals are the work between two saves (st: steps at the ideal step time); advised: "
+        "Daly's optimum, never shorter than a save; goodput predicted by Daly's model with the "
+        "restart and the tier's restore. * the tier saved most often (restarts restore from it)."
+    )
+    return "\n".join(lines) + "\n"
