@@ -295,18 +295,19 @@ def _cupti(data: dict[str, Any]) -> list[Figure]:
 
 
 def _goodput(data: dict[str, Any]) -> list[Figure]:
-    report = Stats.of(data["report_runs_s"])
+    # The target is on CPU (the report and any process it starts); older results: wall.
+    report = Stats.of(data.get("report_cpu_runs_s") or data["report_runs_s"])
     step = Stats.of(data["step_runs_us"])
     report_target, step_target = float(data["report_target_s"]), float(data["step_target_us"])
     return [
         Figure(
             key="goodput.report",
             group="goodput",
-            title=f"resiliency-goodput report on {data['events']:,} events",
+            title=f"resiliency-goodput report on {data['events']:,} events (CPU)",
             unit="s",
             stats=report,
             target=report_target,
-            target_text=f"<= {report_target:g} s (for 1,000,000 events)",
+            target_text=f"<= {report_target:g} s of CPU (for 1,000,000 events)",
             # The target is for a million events; a quick run with fewer is not judged.
             ok=None
             if report.median is None or data["events"] < 1_000_000

@@ -3,7 +3,14 @@
 Stdlib only; matplotlib (the ``plot`` extra) only to draw timelines. See ``docs/goodput.md``.
 """
 
-from resiliency.goodput.advice import Advice, TierAdvice, advise, daly_interval, young_interval
+from resiliency.goodput.advice import (
+    Advice,
+    TierAdvice,
+    advise,
+    daly_interval,
+    predicted_goodput,
+    young_interval,
+)
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
 from resiliency.goodput.errors import GoodputError, MissingDependencyError
 from resiliency.goodput.ledger import Event, Ledger, LedgerReader, read_ledger
@@ -35,6 +42,7 @@ __all__ = [
     "daly_interval",
     "get_recorder",
     "ledger_path",
+    "predicted_goodput",
     "read_ledger",
     "render_schema_reference",
     "validate_event",
