@@ -81,6 +81,9 @@ def _configure_environment() -> None:
     # PYTHONDONTWRITEBYTECODE is set on these machines; precompiled bytecode halves import time.
     os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    # uv installs workspace siblings as editable by default; sessions take built wheels, so a
+    # file missing from a sibling's wheel fails here, as it would for a user.
+    os.environ.setdefault("UV_NO_EDITABLE", "1")
     pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     if shutil.which("pyenv") and (pyenv_root / "versions").is_dir():
         # pyenv's shims set PYENV_VERSION to the one running interpreter; extend it (never narrow
