@@ -249,20 +249,29 @@ def _install_everything(session: nox.Session) -> None:
     _install(session, *ALL_PACKAGES, *TEST_DEPS)
 
 
+# Files of the pure-Python packages' tests with cases that need what those packages' own sessions
+# leave out on purpose (torch, matplotlib, ft-core beside straggler, ft-launcher): they skip
+# there and run in `integration`. The rest of those folders runs once per Python version in its
+# own session only. A new test file that needs an optional dependency belongs in this list.
+OPTIONAL_DEPENDENCY_TESTS = (
+    "tests/straggler/test_cuda_events_gpu.py",  # torch (and a GPU)
+    "tests/straggler/test_exchange_device.py",  # ft-core
+    "tests/straggler/test_gloo.py",  # torch
+    "tests/straggler/test_history_heatmap.py",  # matplotlib
+    "tests/compat/test_straggler.py",  # torch
+    "tests/ft_core/test_cli_args.py",  # torch.distributed.run
+    "tests/ft_core/test_distributed_timeouts.py",  # torch
+    "tests/goodput/test_cli.py",  # matplotlib
+    "tests/goodput/test_report_usability.py",  # matplotlib
+    *CHECKPOINT_LAUNCHER_TESTS,  # two ft-launchers
+)
+
+
 @nox.session(python=TORCH_PYTHON)
 def integration(session: nox.Session) -> None:
     """Everything installed: cross-package, multi-process and torch-dependent tests."""
     _install_everything(session)
-    _pytest(
-        session,
-        "tests/integration",
-        "tests/docs",
-        "tests/straggler",
-        "tests/ft_core",
-        "tests/goodput",
-        "tests/compat/test_straggler.py",
-        *CHECKPOINT_LAUNCHER_TESTS,
-    )
+    _pytest(session, "tests/integration", "tests/docs", *OPTIONAL_DEPENDENCY_TESTS)
 
 
 @nox.session(python=TORCH_PYTHON)
