@@ -9,6 +9,7 @@ untouched.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,19 @@ def test_sibling_requirements_come_from_the_workspace_and_keep_their_ranges(pypr
         )
     stray = {n for n in sources if n in SIBLINGS} - needed
     assert not stray, f"{pyproject}: [tool.uv.sources] names siblings it does not require: {stray}"
+
+
+def test_install_hints_name_what_an_index_has():
+    """An error's `pip install ...` hint must work for the user who reads it.
+
+    None of this repository's distributions is on a package index, so a hint names the
+    third-party package itself (`pip install matplotlib`), not `resiliency-x[extra]`.
+    """
+    hint = re.compile(r"pip install\s+['\"]?(resiliency-[A-Za-z0-9_-]+)")
+    bad = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted(REPO.glob("packages/*/src/**/*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if hint.search(line)
+    ]
+    assert not bad, "hints that cannot be installed from an index:\n" + "\n".join(bad)

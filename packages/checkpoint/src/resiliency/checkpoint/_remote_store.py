@@ -52,8 +52,9 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[A
         import fsspec  # noqa: PLC0415 -- an optional dependency (the "remote" extra)
     except ImportError as exc:
         raise CheckpointError(
-            f"persistent tier {url!r} needs fsspec: pip install 'resiliency-checkpoint[remote]' "
-            "and the store's driver (s3fs, gcsfs, adlfs)"
+            f"persistent tier {url!r} needs fsspec (the 'remote' extra of "
+            "resiliency-checkpoint) and the store's driver: pip install fsspec s3fs (or gcsfs, "
+            "adlfs)"
         ) from exc
     # A file system of our own, never fsspec's cached instance: that one is keyed by the
     # arguments only, so it would keep an endpoint or credentials read from the environment

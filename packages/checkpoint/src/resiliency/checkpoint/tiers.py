@@ -86,8 +86,8 @@ class PersistentTier:
     directory, uploads them under names that carry the save's nonce, and rank 0 uploads the
     step's ``manifest.json`` last, as its commit point. Either way a committed step is a
     standard DCP checkpoint (``dcp.load(checkpoint_id=url)`` reads it). Object stores need
-    ``pip install 'resiliency-checkpoint[remote]'`` and the store's fsspec driver
-    (``s3fs``, ``gcsfs``, ``adlfs``).
+    fsspec (the ``remote`` extra) and the store's fsspec driver (``s3fs``, ``gcsfs``,
+    ``adlfs``).
 
     Args:
         path: the shared directory, or a URL.

@@ -231,8 +231,8 @@ class NvmlGpuHealthCheck:
             return HealthResult(
                 self.name,
                 True,
-                "skipped: nvidia-ml-py is not installed "
-                "(pip install 'resiliency-ft-launcher[gpu]')",
+                "skipped: nvidia-ml-py is not installed (the 'gpu' extra: pip install "
+                "nvidia-ml-py)",
                 skipped=True,
             )
         try:

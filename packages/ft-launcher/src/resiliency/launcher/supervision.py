@@ -102,8 +102,8 @@ def check_supervision_args(args: argparse.Namespace) -> None:
         from resiliency.supervisor import SupervisorError, parse_backend_url  # noqa: PLC0415
     except ImportError:
         raise LauncherConfigError(
-            "--supervisor / --status-port need resiliency-supervisor: "
-            "pip install 'resiliency-ft-launcher[supervisor]'"
+            "--supervisor / --status-port need resiliency-supervisor (the 'supervisor' "
+            "extra); from a checkout: uv pip install './packages/ft-launcher[supervisor]'"
         ) from None
     if args.supervisor_interval <= 0:
         raise LauncherConfigError("--supervisor-interval must be > 0 seconds")

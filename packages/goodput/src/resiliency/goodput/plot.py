@@ -36,7 +36,7 @@ def _pyplot() -> Any:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         raise MissingDependencyError(
-            "plots need matplotlib: pip install 'resiliency-goodput[plot]'"
+            "plots need matplotlib (the 'plot' extra of resiliency-goodput): pip install matplotlib"
         ) from None
     return plt
 

@@ -109,7 +109,8 @@ def render_heatmap(
         from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError as exc:
         raise MissingDependencyError(
-            "rendering a heatmap needs matplotlib: pip install 'resiliency-straggler[plot]'"
+            "rendering a heatmap needs matplotlib (the 'plot' extra of resiliency-straggler): "
+            "pip install matplotlib"
         ) from exc
     panels = heatmap_panels(reports, kind, sections)
     if not panels:

@@ -53,8 +53,8 @@ class EtcdBackend(Backend):
             from etcd3gw import exceptions as etcd_exceptions  # noqa: PLC0415
         except ImportError as exc:
             raise BackendUnavailableError(
-                "the etcd backend needs the etcd3gw package: pip install "
-                "'resiliency-supervisor[etcd]'"
+                "the etcd backend needs the etcd3gw package (the 'etcd' extra of "
+                "resiliency-supervisor): pip install etcd3gw"
             ) from exc
         self._errors: tuple[type[BaseException], ...] = (
             etcd_exceptions.Etcd3Exception,
