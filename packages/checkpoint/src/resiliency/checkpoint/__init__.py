@@ -14,6 +14,7 @@ from ._emergency import (
     EmergencyCheckpointError,
 )
 from .app_state import AppState
+from .auto_every import advised_every
 from .errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -40,4 +41,5 @@ __all__ = [
     "SaveFailedError",
     "SaveHandle",
     "WriterFailedError",
+    "advised_every",
 ]

@@ -11,8 +11,9 @@ from resiliency.goodput.advice import (
     predicted_goodput,
     young_interval,
 )
+from resiliency.goodput.auto_interval import AutoInterval
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
-from resiliency.goodput.errors import GoodputError, MissingDependencyError
+from resiliency.goodput.errors import ConfigError, GoodputError, MissingDependencyError
 from resiliency.goodput.ledger import Event, Ledger, LedgerReader, read_ledger
 from resiliency.goodput.recorder import DIR_ENV, Recorder, get_recorder, ledger_path
 from resiliency.goodput.schema import (
@@ -28,7 +29,9 @@ __all__ = [
     "EVENT_TYPES",
     "SCHEMA_VERSION",
     "Advice",
+    "AutoInterval",
     "Breakdown",
+    "ConfigError",
     "Event",
     "GoodputError",
     "Ledger",

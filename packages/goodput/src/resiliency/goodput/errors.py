@@ -9,3 +9,7 @@ class GoodputError(Exception):
 
 class MissingDependencyError(GoodputError):
     """An optional dependency (matplotlib, for plots) is not installed."""
+
+
+class ConfigError(GoodputError, ValueError):
+    """An invalid setting (e.g. `AutoInterval` bounds)."""

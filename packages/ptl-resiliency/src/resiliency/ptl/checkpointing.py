@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resiliency.checkpoint import AppState, CheckpointManager
-from resiliency.goodput import get_recorder
+from resiliency.checkpoint import AppState, CheckpointManager, advised_every
+from resiliency.goodput import AutoInterval, get_recorder
 from resiliency.ptl._compat import CallbackBase
 from resiliency.ptl._ft_base import _FaultToleranceBase
 from resiliency.ptl.errors import PtlResiliencyError
@@ -81,7 +81,11 @@ class DistributedCheckpointCallback(CallbackBase):
         dirpath: checkpoint root, shared by all ranks (``step_<N:09d>/`` directories): a
             directory, or an object-store URL such as ``s3://bucket/ckpt`` (needs fsspec and
             the store's driver; see docs/checkpoint.md, "Object stores").
-        every_n_train_steps: save when ``trainer.global_step`` is a multiple of this.
+        every_n_train_steps: save when ``trainer.global_step`` is a multiple of this; or
+            ``"auto"`` (opt-in): the interval ``resiliency-goodput advise`` gives from the job's
+            own ledger (``RESILIENCY_GOODPUT_DIR``), re-evaluated at every start, within the
+            bounds of an `AutoInterval` (``"auto"``: 10 to 10,000 steps, 100 until the ledger
+            can advise).
         keep_last: keep the newest N steps (None: all).
         keep_every: also keep every step divisible by this number forever.
         async_save: save in the background (training blocks only while the state is staged).
@@ -97,7 +101,7 @@ class DistributedCheckpointCallback(CallbackBase):
         self,
         dirpath: str | Path,
         *,
-        every_n_train_steps: int = 100,
+        every_n_train_steps: int | str | AutoInterval = 100,
         keep_last: int | None = 3,
         keep_every: int | None = None,
         async_save: bool = True,
@@ -105,9 +109,18 @@ class DistributedCheckpointCallback(CallbackBase):
         save_on_train_end: bool = True,
         writer_timeout_s: float = 600.0,
     ) -> None:
-        if every_n_train_steps < 1:
+        # "auto" (or AutoInterval bounds): the interval advised from the job's own ledger,
+        # read again at every start (so at every restart), within the bounds.
+        self._auto: AutoInterval | None = None
+        if every_n_train_steps == "auto":
+            every_n_train_steps = AutoInterval()
+        if isinstance(every_n_train_steps, AutoInterval):
+            self._auto = every_n_train_steps
+            every_n_train_steps = every_n_train_steps.default_steps
+        if not isinstance(every_n_train_steps, int) or every_n_train_steps < 1:
             raise CheckpointCallbackConfigError(
-                f"every_n_train_steps must be >= 1, got {every_n_train_steps}"
+                "every_n_train_steps must be an int >= 1, 'auto' or an AutoInterval, got "
+                f"{every_n_train_steps!r}"
             )
         # A URL (s3://...) stays a string: Path would fold its "//".
         self.dirpath: str | Path = (
@@ -173,6 +186,11 @@ class DistributedCheckpointCallback(CallbackBase):
             lightning=_LightningProgress(trainer),
         )
         self._state = {"app": app}
+        if self._auto is not None:  # collective: rank 0 reads the ledger
+            self.every_n_train_steps = advised_every(self.manager, self._auto)
+            logger.info(
+                "saving every %d steps (every_n_train_steps='auto')", self.every_n_train_steps
+            )
         if not self.resume:
             return
         step = self.manager.load(self._state)
