@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "rank_out_of_section_timeout": ("12.5", 12.5),
     "node_health_check_interval": ("1", 1.0),
     "safety_factor": ("2", 2.0),
+    "calculated_timeout_floor": ("0", 0.0),
     "rank_termination_signal": ("SIGINT", signal.SIGINT),
     "log_level": ("debug", logging.DEBUG),
     "enable_stack_dump": ("false", False),

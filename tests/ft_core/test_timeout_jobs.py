@@ -21,6 +21,8 @@ JOB_CONFIG = {
     "rank_heartbeat_timeout": CONFIGURED,
     "rank_section_timeouts": {"step": CONFIGURED},
     "safety_factor": SAFETY_FACTOR,
+    # These jobs test the calculation itself on sub-second intervals; the floor has its own test.
+    "calculated_timeout_floor": 0.0,
 }
 
 JOB1 = """
@@ -137,3 +139,59 @@ def test_three_successive_jobs(start_monitor, spawn_rank, tmp_path, use_sections
         assert sec3["calculated_sections"] == ["step", "wait"]
     else:
         assert sec3 == sec1
+
+
+# Issue 30, item 7: what a 100-step Lightning job saved (no floor then).
+TINY_STATE = {
+    "current_timeouts": {
+        "heartbeat": {"initial": 0.916, "subsequent": 0.252, "were_calculated": True},
+        "section": {
+            "section": {"step": 0.05},
+            "out_of_section": None,
+            "calculated_sections": ["step"],
+            "is_out_of_section_calculated": False,
+        },
+    }
+}
+
+LOAD_TINY = """
+import json
+client.load_state_dict(json.load(open(STATE)))
+print("in effect:", client.hb_timeouts.initial, client.hb_timeouts.subsequent,
+      client.section_timeouts.section["step"], flush=True)
+client.shutdown_workload_monitoring()
+"""
+
+
+def test_loaded_tiny_timeouts_are_floored_and_said_to_replace_an_explicit_setting(
+    start_monitor, spawn_rank, tmp_path
+):
+    state_path = tmp_path / "_ft_state.json"
+    state_path.write_text(json.dumps(TINY_STATE))
+    # Explicit, as --ft-rank-heartbeat-timeout 5 on the command line; the floor is the default.
+    monitor = start_monitor(rank_heartbeat_timeout=5.0, rank_section_timeouts={"step": 20.0})
+    job = spawn_rank(_script(LOAD_TINY, state_path, False), monitor)
+    assert job.wait(30) == 0, job.output() + monitor.log()
+    out = job.output()
+    assert "in effect: 60.0 60.0 60.0" in out, out
+    warnings = [line for line in out.splitlines() if "calculated by an earlier job" in line]
+    assert len(warnings) == 1, out
+    assert (
+        "rank_heartbeat_timeout: 60 s (saved 0.252 s, raised to the floor 60 s) replaces the "
+        "configured 5 s" in warnings[0]
+    )
+    assert "rank_section_timeouts[step]: 60 s (saved 0.05 s, raised to the floor 60 s) " in out
+    assert "initial_rank_heartbeat_timeout: 60 s (saved 0.916 s, raised to the floor 60 s)" in out
+    assert "set timeouts: initial 60 s, heartbeat 60 s, sections {step 60 s}" in monitor.log()
+
+
+def test_a_job_never_calculates_below_the_floor(start_monitor, spawn_rank, tmp_path):
+    state_path = tmp_path / "_ft_state.json"
+    monitor = start_monitor(**{**JOB_CONFIG, "calculated_timeout_floor": 2.5})
+    job = spawn_rank(_script(JOB1, state_path, True), monitor)
+    assert job.wait(30) == 0, job.output() + monitor.log()
+    state = json.loads(state_path.read_text())["current_timeouts"]
+    # Observed: about 0.07 s x 10; the floor wins.
+    assert state["heartbeat"]["subsequent"] == 2.5
+    assert state["section"]["section"]["step"] == 2.5
+    assert "set timeouts: initial 2.5 s, heartbeat 2.5 s, sections {step 2.5 s}" in monitor.log()

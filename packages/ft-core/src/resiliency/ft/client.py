@@ -23,11 +23,13 @@ from typing import IO, Any
 
 from resiliency.ft import _peer
 from resiliency.ft._distributed import all_agree, allreduce_max, distributed_initialized
+from resiliency.ft._durations import format_limit, format_timeouts
 from resiliency.ft._hot_path import COLD_TIMEOUT_S, HotPath
 from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import MonitorUnavailableError, ProtocolError
 from resiliency.ft.fault_hook import install_fault_hook
 from resiliency.ft.state import (
+    describe_loaded_timeouts,
     merge_loaded_timeouts,
     timeouts_from_state_dict,
     timeouts_to_state_dict,
@@ -316,14 +318,11 @@ class RankMonitorClient(HotPath):
                 "%s: no heartbeat observed yet; heartbeat timeouts unchanged", self._who()
             )
             return False
-        self._hb = calculate_heartbeat_timeouts(self._hb, observed, factor)
+        floor = self.cfg.calculated_timeout_floor if self.cfg is not None else 0.0
+        self._hb = calculate_heartbeat_timeouts(self._hb, observed, factor, floor)
         self._send_timeouts()
-        logger.info(
-            "%s: calculated heartbeat timeouts: initial=%s s, subsequent=%s s",
-            self._who(),
-            self._hb.initial,
-            self._hb.subsequent,
-        )
+        limits = format_timeouts(self._hb.initial, self._hb.subsequent)
+        logger.info("%s: calculated heartbeat timeouts: %s", self._who(), limits)
         return True
 
     def calculate_and_set_section_timeouts(
@@ -355,19 +354,19 @@ class RankMonitorClient(HotPath):
         if observed is None:
             return False
         factor = self._safety_factor()
+        floor = self.cfg.calculated_timeout_floor if self.cfg is not None else 0.0
         updated = calculate_section_timeouts(
-            self._sections, observed, factor, selected_sections, calc_out_of_section
+            self._sections, observed, factor, selected_sections, calc_out_of_section, floor=floor
         )
         if updated == self._sections and not observed.sections and observed.out_of_section is None:
             logger.warning("%s: no section observed yet; section timeouts unchanged", self._who())
             return False
         self._sections = updated
         self._send_timeouts()
+        sections = ", ".join(f"{n} {format_limit(v)}" for n, v in updated.section.items())
         logger.info(
-            "%s: calculated section timeouts: %s, out of section: %s s",
-            self._who(),
-            dict(updated.section),
-            updated.out_of_section,
+            "%s: calculated section timeouts: %s; out of section: %s",
+            *(self._who(), sections or "none", format_limit(updated.out_of_section)),
         )
         return True
 
@@ -398,13 +397,24 @@ class RankMonitorClient(HotPath):
             self._apply_loaded(hb, sections)
 
     def _apply_loaded(self, hb: HeartbeatTimeouts, sections: SectionTimeouts) -> None:
-        assert self.cfg is not None
-        self._hb, self._sections = merge_loaded_timeouts(
-            HeartbeatTimeouts.from_config(self.cfg),
-            SectionTimeouts.from_config(self.cfg),
-            hb,
-            sections,
+        cfg = self.cfg
+        assert cfg is not None
+        floor = cfg.calculated_timeout_floor
+        configured = (HeartbeatTimeouts.from_config(cfg), SectionTimeouts.from_config(cfg))
+        self._hb, self._sections = merge_loaded_timeouts(*configured, hb, sections, floor)
+        used = (self._hb, self._sections)
+        notes = describe_loaded_timeouts(
+            cfg.model_fields_set, configured, (hb, sections), used, floor
         )
+        if notes:
+            # Precedence: a value calculated by an earlier job of this workload wins over the
+            # configuration (as in NVIDIA's resiliency extension), never silently.
+            logger.warning(
+                "%s: timeouts calculated by an earlier job (loaded state) are used: %s. To use "
+                "the configured values instead, start without the saved state",
+                self._who(),
+                "; ".join(notes),
+            )
         self._send_timeouts()
 
     def send_workload_control_request(self, req: WorkloadControlRequest) -> None:

@@ -117,6 +117,12 @@ class FaultToleranceConfig(BaseModel):
         allow_inf_nan=False,
         description="Calculated timeout = longest observed interval x safety_factor.",
     )
+    calculated_timeout_floor: NonNegativeSeconds = Field(
+        60.0,
+        description="No calculated timeout is below this, whether calculated in this job or "
+        "loaded from a state saved by an earlier one: a short run observes none of the rare "
+        "pauses (checkpoint, evaluation, garbage collection) a long one has. 0: no floor.",
+    )
     rank_termination_signal: Signal = Field(
         signal.SIGTERM,
         description="Signal sent to a hung rank (after the stack dump); SIGKILL follows "
@@ -330,10 +336,14 @@ class FaultToleranceConfig(BaseModel):
     def to_json(self) -> str:
         """Serialize to a JSON object; signals and log levels are written by name.
 
+        Only the keys that were set explicitly (flags, file, keyword arguments) are written:
+        the defaults fill in on reading, and :attr:`model_fields_set` survives the trip to the
+        monitor and back to the rank, which tells an explicit setting from a default.
+
         Returns:
             The JSON text, readable by :meth:`from_json`.
         """
-        return self.model_dump_json()
+        return self.model_dump_json(exclude_unset=True)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """Return ``{"fault_tolerance": {...}}`` with plain YAML/JSON values (names for signals).

@@ -300,23 +300,28 @@ class ObservedIntervals:
         )
 
 
-def _grow(observed: float, safety_factor: float, earlier: float | None) -> float:
-    new = max(observed * safety_factor, _MIN_CALCULATED_TIMEOUT)
+def _grow(observed: float, safety_factor: float, earlier: float | None, floor: float) -> float:
+    new = max(observed * safety_factor, floor, _MIN_CALCULATED_TIMEOUT)
     return new if earlier is None else max(new, earlier)
 
 
 def calculate_heartbeat_timeouts(
-    current: HeartbeatTimeouts, observed: ObservedIntervals, safety_factor: float
+    current: HeartbeatTimeouts,
+    observed: ObservedIntervals,
+    safety_factor: float,
+    floor: float = 0.0,
 ) -> HeartbeatTimeouts:
     """Derive heartbeat timeouts from observed intervals.
 
-    Each timeout with an observation becomes ``observed x safety_factor``, or the earlier
-    calculated value if that is larger. A timeout without an observation keeps its current value.
+    Each timeout with an observation becomes ``observed x safety_factor`` (at least ``floor``),
+    or the earlier calculated value if that is larger. A timeout without an observation keeps
+    its current value.
 
     Args:
         current: The timeouts in effect (config values, or calculated by an earlier job).
         observed: The longest intervals observed (already reduced across ranks).
         safety_factor: The multiplier (>= 1).
+        floor: The smallest calculated timeout (``calculated_timeout_floor``).
 
     Returns:
         The new timeouts; ``current`` unchanged when nothing relevant was observed.
@@ -328,10 +333,10 @@ def calculate_heartbeat_timeouts(
     return HeartbeatTimeouts(
         initial=current.initial
         if observed.initial is None
-        else _grow(observed.initial, safety_factor, earlier_initial),
+        else _grow(observed.initial, safety_factor, earlier_initial, floor),
         subsequent=current.subsequent
         if observed.heartbeat is None
-        else _grow(observed.heartbeat, safety_factor, earlier_subsequent),
+        else _grow(observed.heartbeat, safety_factor, earlier_subsequent, floor),
         were_calculated=True,
     )
 
@@ -342,6 +347,8 @@ def calculate_section_timeouts(
     safety_factor: float,
     selected_sections: Iterable[str] | None = None,
     calc_out_of_section: bool = True,
+    *,
+    floor: float = 0.0,
 ) -> SectionTimeouts:
     """Derive section timeouts from observed durations.
 
@@ -351,6 +358,7 @@ def calculate_section_timeouts(
         safety_factor: The multiplier (>= 1).
         selected_sections: Only these sections (default: every observed section).
         calc_out_of_section: Also calculate the out-of-section timeout.
+        floor: The smallest calculated timeout (``calculated_timeout_floor``).
 
     Returns:
         The new timeouts. Sections that were not observed keep their current timeout.
@@ -363,12 +371,12 @@ def calculate_section_timeouts(
         if duration is None:
             continue
         earlier = sections.get(name) if name in current.calculated_sections else None
-        sections[name] = _grow(duration, safety_factor, earlier)
+        sections[name] = _grow(duration, safety_factor, earlier, floor)
         calculated.add(name)
     out_of_section = current.out_of_section
     oos_calculated = current.is_out_of_section_calculated
     if calc_out_of_section and observed.out_of_section is not None:
         earlier_oos = current.out_of_section if oos_calculated else None
-        out_of_section = _grow(observed.out_of_section, safety_factor, earlier_oos)
+        out_of_section = _grow(observed.out_of_section, safety_factor, earlier_oos, floor)
         oos_calculated = True
     return SectionTimeouts(sections, out_of_section, frozenset(calculated), oos_calculated)
