@@ -17,6 +17,7 @@ from resiliency.ft import (
     add_ft_arguments,
     config_from_args,
 )
+from resiliency.ft._config_errors import closest_key, edit_distance
 from resiliency.ft.cli_args import GROUP_TITLE, field_flags
 
 # One valid, non-default flag value per field, and what the config holds for it. A new field
@@ -417,3 +418,16 @@ def test_typo_on_torchrun_parser_fails_before_the_script_is_misread(
         parser.parse_args(["--ft-rank-heartbeat-timout", "30", "train.py"])
     assert info.value.code == 2
     assert "did you mean --ft-rank-heartbeat-timeout?" in capsys.readouterr().err
+
+
+def test_closest_key_prefers_working_names_and_edit_distance() -> None:
+    assert edit_distance("polcy", "policy") == 1
+    assert edit_distance("polciy", "policy") == 1  # two neighbours swapped
+    working = ["--ft-restart-policy", "--ft-workload-check-interval"]
+    nvrx = ["--ft-restart-check-interval"]
+    assert closest_key("--ft-restart-polcy", working, nvrx) == "--ft-restart-policy"
+    # Only an NVRx key is close: it is named (the caller says it has no effect).
+    assert closest_key("--ft-restart-check-intervl", working, nvrx) == nvrx[0]
+    # A tie goes to the working name.
+    assert closest_key("ab", ["ax"], ["ay"]) == "ax"
+    assert closest_key("--ft-zzzzzzzzzzzz", working, nvrx) is None

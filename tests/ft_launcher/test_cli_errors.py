@@ -54,6 +54,14 @@ def test_yaml_typo_names_the_closest_key(tmp_path: Path, marker_dir: Path):
         (["--term-timeout", "soon"], "--term-timeout"),
         (["--node-health-check-fn", "no_such_module_xyz:check"], "no_such_module_xyz"),
         (["--ft-preimport", "torch,not a module"], "--ft-preimport"),
+        # Issue 30, item 9: the launcher's own flag, not an NVRx key that has no effect here.
+        (["--ft-restart-polcy", "min-healthy"], "did you mean --ft-restart-policy?"),
+        (["--ft-preimprt", "torch"], "did you mean --ft-preimport?"),
+        (
+            ["--ft-restart-check-intervl", "3"],
+            "did you mean --ft-restart-check-interval? (a setting of NVIDIA's resiliency "
+            "extension; no effect here)",
+        ),
     ],
 )
 def test_bad_flag_stops_before_any_worker(marker_dir: Path, flags: list[str], needle: str):

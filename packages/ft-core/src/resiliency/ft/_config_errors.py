@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,18 +18,45 @@ class InvalidConfigError(ConfigError):
         self.validation_error = validation_error
 
 
-def closest_key(key: str, choices: list[str]) -> str | None:
+def edit_distance(a: str, b: str) -> int:
+    """The number of one-character insertions, deletions, substitutions and swaps of two
+    neighbours that turn ``a`` into ``b`` (optimal string alignment distance)."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, previous2[j - 2] + 1)
+            current.append(cost)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
+def closest_key(key: str, choices: Iterable[str], fallback: Iterable[str] = ()) -> str | None:
     """Return the valid name closest to a mistyped one, or None when nothing is close.
+
+    Closest by edit distance, within a third of the name's length (at least 2 edits). On a tie
+    a choice beats a ``fallback`` name (accepted but without effect, like NVIDIA's resiliency
+    extension's settings), then the name that comes first.
 
     Args:
         key: the mistyped name.
         choices: the valid names.
+        fallback: names accepted but without effect.
 
     Returns:
-        The closest valid name, or None.
+        The closest name, or None.
     """
-    matches = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
-    return matches[0] if matches else None
+    limit = max(2, len(key) // 3)
+    names = [*choices, *fallback]
+    working = len(names) - len(list(fallback))
+    scored = [
+        (edit_distance(key, name), index >= working, index) for index, name in enumerate(names)
+    ]
+    close = [item for item in scored if item[0] <= limit]
+    return names[min(close)[2]] if close else None
 
 
 def unknown_keys_message(keys: Iterable[Any], valid: list[str]) -> str:

@@ -165,13 +165,24 @@ def _all_ft_flags() -> list[str]:
     return flags
 
 
+def _parser_ft_flags(parser: argparse.ArgumentParser) -> list[str]:
+    # argparse has no public list of its option strings; every action carries its own.
+    return [
+        flag
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag.startswith(("--ft", "--fault"))
+    ]
+
+
 def _install_typo_hint(parser: argparse.ArgumentParser) -> None:
     # argparse has no hook for unknown options, so wrap this parser's parse_known_args (which
     # parse_args calls) and turn an unknown --ft*/--fault* flag into an error with a suggestion.
     if getattr(parser, _HINT_INSTALLED, False):
         return
     original = parser.parse_known_args
-    known = _all_ft_flags()
+    # NVRx-only flags are accepted but do nothing: suggested only when no working flag is close.
+    no_effect = {flag for name in NVRX_ONLY_KEYS for flag in field_flags(name)}
 
     @functools.wraps(original)
     def parse_known_args(
@@ -181,12 +192,17 @@ def _install_typo_hint(parser: argparse.ArgumentParser) -> None:
         for arg in extras:
             flag = arg.split("=", 1)[0]
             if flag.startswith(("--ft", "--fault")):
-                close = closest_key(flag, known)
+                # Every --ft/--fault flag of this parser, the launcher's own included.
+                known = [*_all_ft_flags(), *_parser_ft_flags(parser)]
+                working = list(dict.fromkeys(f for f in known if f not in no_effect))
+                close = closest_key(flag, working, sorted(no_effect))
                 hint = (
                     f"; did you mean {close}?"
                     if close
                     else f"; see the '{GROUP_TITLE}' options in --help"
                 )
+                if close in no_effect:
+                    hint += " (a setting of NVIDIA's resiliency extension; no effect here)"
                 parser.error(f"unknown fault-tolerance flag {flag}{hint}")
         return parsed, extras
 
