@@ -28,9 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, validate everything, run the job; return the exit code.
 
     A bad flag, a bad config file or a failed setup stops the launcher with exit code 2 before
-    any monitor or worker starts. When the workers failed with no restart left it raises
-    torch's ``ChildFailedError``, as torchrun does (its table names the root cause; under
-    ``TORCHELASTIC_ERROR_FILE`` the failed worker's error file is copied there), exit code 1.
+    any monitor or worker starts. When the workers failed with no restart left it logs torch's
+    failure table (as torchrun shows it, without the traceback) before its final line, copies the
+    root-cause worker's error file to ``TORCHELASTIC_ERROR_FILE`` when that is set, and returns 1.
 
     Args:
         argv: the arguments (``sys.argv[1:]`` when None).

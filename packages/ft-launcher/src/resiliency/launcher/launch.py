@@ -12,7 +12,7 @@ from types import FrameType
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
 from torch.distributed.elastic.rendezvous import RendezvousClosedError
 from torch.distributed.run import config_from_args as torchrun_config_from_args
 from torch.distributed.run import parse_min_max_nnodes
@@ -42,6 +42,8 @@ __all__ = ["build_health_checks", "launch"]
 logger = logging.getLogger(__name__)
 
 _HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+#: torch's variable for the launcher's own error file (``@record`` copies the root cause there).
+_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
 def build_health_checks(options: LauncherOptions) -> tuple[HealthCheck, ...]:
@@ -217,14 +219,34 @@ def launch(
         and (detail := is_preempted(preemption, agent))
     ):
         outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. a forwarded SIGTERM
+    if outcome.reason == "restarts_exhausted" and workers_failed is not None:
+        _report_torch_failure(workers_failed)
     _report(agent, outcome, options.exit_status_file, preemption.status_fields())
     goodput.job_ended(int(outcome.exit_code), outcome.reason)
     clean_up(preemption)
-    if outcome.reason == "restarts_exhausted" and workers_failed is not None:
-        # As torchrun: the failure table with the root cause (and, under @record, the failed
-        # worker's error file copied to this launcher's), exit code 1.
-        raise workers_failed
     return int(outcome.exit_code)
+
+
+def _report_torch_failure(failed: ChildFailedError) -> None:
+    """What torchrun gives for failed workers, before the launcher's final line, never after.
+
+    torchrun raises ``ChildFailedError`` through ``@record``: a Python traceback and torch's
+    failure table after everything else, so the launcher's own verdict was no longer the last
+    line. Here the table is logged (it names each failed rank's error file and traceback) and
+    ``@record``'s one useful act is done directly: the root-cause worker's error file is copied
+    to this launcher's ``TORCHELASTIC_ERROR_FILE`` when that is set.
+    """
+    logger.info("torch's failure report:\n%s", failed.format_msg().strip())
+    _, failure = failed.get_first_failure()
+    if not os.environ.get(_ERROR_FILE_ENV) or not os.path.isfile(failure.error_file):
+        return
+    try:
+        get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+    except (OSError, ValueError) as exc:
+        logger.warning(
+            "cannot copy the error file %s of rank %s to %s: %s",
+            *(failure.error_file, failure.local_rank, os.environ[_ERROR_FILE_ENV], exc),
+        )
 
 
 def _outcome(built: list[FtElasticAgent], failed: ChildFailedError | None) -> Outcome:
