@@ -365,10 +365,12 @@ class RankMonitorServer(SocketLoop):
         self._watch = RankWatch(pid, rank, now, self._obs, startup_timeout=startup)
         self._next_liveness = now + _LIVENESS_EVERY_S
         # Without watch_startup a worker that never connects is never a hang (plain torchrun).
-        connect = f"within {format_limit(startup)} of spawn" if watch_startup else "not required"
+        connect = "not required" if startup is None else f"within {format_limit(startup)} of spawn"
+        initial = self.hb_timeouts.initial
+        first = "no limit" if initial is None else f"within {format_limit(initial)} of connect"
         logger.info(
-            "watching %s (restart %d); limits: connect %s, first heartbeat within %s of connect",
-            *(self._who(), restart, connect, format_limit(self.hb_timeouts.initial)),
+            "watching %s (restart %d); limits: connect %s, first heartbeat %s",
+            *(self._who(), restart, connect, first),
         )
 
     def _arm_startup(self) -> None:
