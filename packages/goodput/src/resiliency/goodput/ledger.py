@@ -154,19 +154,19 @@ class _FileReader:
                 leaves it for the next call (a writer may be writing it).
         """
         blocks = list(self._blocks(final))
-        size = sum(len(b) for b, _, _ in blocks)
+        size = sum(len(b) for b, _ in blocks)
         workers = parallel_workers(size)
         scanned: list[Any] = [_UNSCANNED] * len(blocks)
         if workers > 1:
-            scanned = scan_all([b for b, _, _ in blocks], workers)
-        for (block, before, truncated), result in zip(blocks, scanned, strict=True):
-            self._block(block, before, truncated, result)
+            scanned = scan_all([b for b, _ in blocks], workers)
+        for (block, truncated), result in zip(blocks, scanned, strict=True):
+            self.lines += self._block(block, self.lines, truncated, result)
             if progress is not None:
                 progress(len(block))
 
-    def _blocks(self, final: bool) -> Iterator[tuple[bytes, int, bool]]:
-        """``(block, lines before it, last line cut)`` of whole lines appended since the last
-        call (and of a last line without its newline if ``final``)."""
+    def _blocks(self, final: bool) -> Iterator[tuple[bytes, bool]]:
+        """``(block, last line cut)`` of whole lines appended since the last call (and of a
+        last line without its newline if ``final``)."""
         with self.path.open("rb") as stream:
             stream.seek(self.offset)
             rest = b""
@@ -175,20 +175,18 @@ class _FileReader:
                 block = rest + data
                 if not data:
                     if block and final:
-                        cut = not block.endswith(b"\n")
-                        yield block, self.lines, cut
-                        self.lines += block.count(b"\n") + cut
+                        yield block, not block.endswith(b"\n")
                         self.offset += len(block)
                     return
                 end = block.rfind(b"\n") + 1
                 block, rest = block[:end], block[end:]
                 if block:
-                    yield block, self.lines, False
-                    self.lines += block.count(b"\n")
+                    yield block, False
                     self.offset += len(block)
 
-    def _block(self, block: bytes, before: int, truncated: bool, scanned: Any) -> None:
-        """Parse a block of whole lines (the last one maybe without its newline).
+    def _block(self, block: bytes, before: int, truncated: bool, scanned: Any) -> int:
+        """Parse a block of whole lines (the last one maybe without its newline); return its
+        number of lines (the scan counts them, so most blocks need no count of their own).
 
         ``scanned``: the block's `scan` done elsewhere, None if it found no step lines to read
         without JSON, or ``_UNSCANNED``.
@@ -203,14 +201,15 @@ class _FileReader:
             self.ledger.steps.extend(steps)
             for index, raw in others:
                 self._line(before + 1 + index, raw, cut=False)
-            return
+            return len(steps) + len(others)  # the scan sorts every line into one of the two
         body = block[:-1] if block.endswith(b"\n") else block
         try:  # one parse for the whole block: much faster than a parse per line
             objs = json.loads(b"[" + body.replace(b"\n", b",") + b"]")
         except ValueError:
             self._lines(body.split(b"\n"), before, truncated)
-            return
-        self._objects(objs, before + 1)
+        else:
+            self._objects(objs, before + 1)
+        return block.count(b"\n") + truncated
 
     def _lines(self, lines: list[bytes], before: int, truncated: bool) -> None:
         """The slow way, line by line, for a block with a bad line."""

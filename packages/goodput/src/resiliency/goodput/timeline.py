@@ -128,7 +128,7 @@ def progress_steps(ledger: Ledger) -> tuple[list[tuple[float, int, int]], bool]:
 
 
 def _cycle_starts(
-    ledger: Ledger, steps: list[tuple[float, int, int]], start: float
+    ledger: Ledger, steps: list[tuple[float, int, int]], step_times: list[float], start: float
 ) -> list[tuple[float, int]]:
     """Start time and number of each of the job's cycles.
 
@@ -140,9 +140,9 @@ def _cycle_starts(
     node_starts = [(ev.time, ev.node) for ev in ledger.events if ev.event == "cycle_started"]
     if not node_starts:
         node_starts = _attempt_changes(ledger, steps)
-    progress = sorted(
-        [s[0] for s in steps] + [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]
-    )
+    progress = list(step_times)  # sorted already: the few loads are inserted in order
+    for when in [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]:
+        bisect.insort(progress, when)
     starts = _join_starts(node_starts, progress)
     if not starts:
         return [(start, 0)]
@@ -254,7 +254,9 @@ def build_timeline(ledger: Ledger) -> Timeline:
     start = min(times)
     end = max([ev.time for ev in ledger.events[-1:]] + [s[0] for s in steps[-1:]])
     timeline = Timeline(start, end, steps=steps, progress_from_saves=from_saves)
-    timeline.cycles = cycles = _cycles(ledger, _cycle_starts(ledger, steps, start), end)
+    step_times = list(map(_FIRST, steps))
+    starts = _cycle_starts(ledger, steps, step_times, start)
+    timeline.cycles = cycles = _cycles(ledger, starts, end)
 
     # Progress marks per cycle: (time, step, LOAD) for loads, (time, step, attempt) for steps.
     loads: list[list[tuple[float, int, int]]] = [[] for _ in cycles]
@@ -277,7 +279,6 @@ def build_timeline(ledger: Ledger) -> Timeline:
                 begin = ev.time - float(data["total_s"] or data["blocked_s"])
             raw.append((begin, begin + float(data["blocked_s"]), "saving"))
             timeline.saves.append((begin, ev.time, int(data["step"])))
-    step_times = list(map(_FIRST, steps))
     bounds = [0] + [bisect.bisect_left(step_times, c.start) for c in cycles[1:]]
     bounds.append(len(step_times))
     marks: list[list[tuple[float, int, int]]] = []
