@@ -153,13 +153,14 @@ class _FileReader:
             final: also take a last line without its newline (and warn if it is cut); False
                 leaves it for the next call (a writer may be writing it).
         """
-        blocks = list(self._blocks(final))
-        size = sum(len(b) for b, _ in blocks)
-        workers = parallel_workers(size)
-        scanned: list[Any] = [_UNSCANNED] * len(blocks)
-        if workers > 1:
+        workers = parallel_workers(max(self.path.stat().st_size - self.offset, 0))
+        if workers > 1:  # every block read first, scanned by the workers
+            blocks = list(self._blocks(final))
             scanned = scan_all([b for b, _ in blocks], workers)
-        for (block, truncated), result in zip(blocks, scanned, strict=True):
+            pairs: Iterable[tuple[tuple[bytes, bool], Any]] = zip(blocks, scanned, strict=True)
+        else:  # one block in memory at a time
+            pairs = zip(self._blocks(final), itertools.repeat(_UNSCANNED))
+        for (block, truncated), result in pairs:
             self.lines += self._block(block, self.lines, truncated, result)
             if progress is not None:
                 progress(len(block))
