@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from resiliency.goodput import advise, compute, read_ledger
+from resiliency.goodput.render import render_advice
 
+from ._google_logs import large_google_job
 from ._ledgers import worked_example, write
 from ._simulated_job import simulated_job
 
@@ -113,6 +115,15 @@ def test_a_ledger_without_failures_or_saves(tmp_path: Path) -> None:
     path = write(tmp_path / "job.n0.jsonl", lines)
     advice = advise(read_ledger([path]), 120.0)
     assert advice.failures == 1 and not advice.enough and advice.tiers == []
-    from resiliency.goodput.render import render_advice  # noqa: PLC0415
-
     assert "No checkpoint was saved: nothing to advise on." in render_advice(advice)
+
+
+def test_saves_without_a_cost_get_no_interval(tmp_path: Path) -> None:
+    """Google's log has no save durations: nothing to weigh, no advised interval."""
+    path = tmp_path / "tracker.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in large_google_job(nodes=4, restarts=5)))
+    advice = advise(read_ledger([path]), 2.0)
+    assert advice.enough and advice.failures == 5
+    (tier,) = advice.tiers
+    assert tier.save_blocked_s == 0 and tier.advised_interval_s is None
+    assert tier.restart_s == advice.restart_s is not None

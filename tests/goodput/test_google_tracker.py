@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from resiliency.goodput import LedgerReader, compute, read_ledger
+from resiliency.goodput.render import render_text
 
 from ._google_logs import google_calculator, large_google_job, worked_example_google
 
@@ -130,8 +131,6 @@ def test_googles_figure_is_zero_without_a_load(tmp_path: Path) -> None:
     lines = [x for x in worked_example_google() if x["event_type"] != "checkpoint_loaded"]
     report = compute(read_ledger([_write(tmp_path / "tracker.jsonl", lines)]), 120.0)
     assert report.google_figure == google_calculator(lines, 120.0)["goodput"] == 0.0
-    from resiliency.goodput.render import render_text  # noqa: PLC0415
-
     assert "gives 0 % to a log with no checkpoint_loaded" in render_text(report)
 
 

@@ -97,6 +97,7 @@ class TierAdvice:
     goodput_now: float | None = None
     goodput_advised: float | None = None
     step_time_s: float | None = None
+    restart_s: float | None = None
 
     def steps(self, seconds: float | None) -> int | None:
         """An interval in training steps (at the ideal step time), at least 1."""
@@ -111,6 +112,7 @@ class TierAdvice:
             "save_blocked_s": self.save_blocked_s,
             "save_total_s": self.save_total_s,
             "restore_s": self.restore_s,
+            "restart_s": self.restart_s,
             "interval_s": self.interval_s,
             "interval_steps": self.steps(self.interval_s),
             "advised_interval_s": self.advised_interval_s,
@@ -246,6 +248,9 @@ def advise(
     for tier in advice.tiers:
         restart_s = (restart or 0.0) + (tier.restore_s or 0.0)
         blocked = tier.save_blocked_s
+        tier.restart_s = restart
+        if blocked <= 0 and tier.save_total_s <= 0:
+            continue  # saves without a cost (e.g. imported from Google's log): nothing to weigh
         tier.young_interval_s = young_interval(blocked, mtbf)
         tier.advised_interval_s = max(daly_interval(blocked, mtbf), tier.save_total_s)
         tier.goodput_advised = efficiency * predicted_goodput(
