@@ -3,6 +3,7 @@ path, and a plot whose legend covered a lane and whose two jobs both read ``node
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from resiliency.goodput import compute, read_ledger
 
+from ._google_logs import large_google_job
 from ._ledgers import MIN, line, worked_example, write
 
 CLI = [sys.executable, "-m", "resiliency.goodput"]
@@ -112,3 +114,15 @@ def test_the_legend_covers_no_lane(tmp_path: Path) -> None:
     assert labels == ["time use", "jobA @ vm", "jobB @ vm"]
     legend = lanes.get_legend().get_window_extent()
     assert legend.x0 >= lanes.get_window_extent().x1  # beside the lanes, not over them
+
+
+def test_many_cycles_get_labels_that_fit(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from resiliency.goodput.plot import draw_report  # noqa: PLC0415 -- the plot extra
+
+    path = tmp_path / "tracker.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in large_google_job(nodes=4, restarts=30)))
+    ledger = read_ledger([path])
+    figure = draw_report(compute(ledger, 2.0), ledger)
+    labels = [t.get_text().strip() for t in figure.axes[0].texts]
+    assert len(labels) <= 20 and labels[:3] == ["0", "2", "4"]

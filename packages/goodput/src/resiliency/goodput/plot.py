@@ -8,6 +8,7 @@ per category, as a stacked bar with the goodput.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,8 @@ def draw_report(report: Report, ledger: Ledger) -> Any:
     )
     timeline = report.timeline
     cycles = timeline.cycles if timeline is not None else []
+    # Up to 20 labels fit across the lanes: with more cycles, a number on every k-th one.
+    label_every = max(math.ceil(len(cycles) / 20), 1)
     for i, cycle in enumerate(cycles):
         ax_lanes.axvspan(
             x(cycle.start),
@@ -136,7 +139,9 @@ def draw_report(report: Report, ledger: Ledger) -> Any:
             alpha=0.10,
             lw=0,
         )
-        ax_lanes.text(x(cycle.start), len(nodes) + 0.55, f" cycle {cycle.number}", fontsize=8)
+        if i % label_every == 0:
+            text = f" cycle {cycle.number}" if len(cycles) <= 8 else f" {cycle.number}"
+            ax_lanes.text(x(cycle.start), len(nodes) + 0.55, text, fontsize=8)
     for start, end, category in _time_use(report):
         ax_lanes.barh(
             0, max(x(end) - x(start), 0.0), left=x(start), height=0.6, color=COLORS[category], lw=0
