@@ -130,6 +130,8 @@ def _command(
         *FT_FLAGS,
         "--ft-rank-heartbeat-timeout",
         str(args.heartbeat_timeout),
+        "--ft-calculated-timeout-floor",
+        str(args.timeout_floor),
         "--goodput-dir",
         str(ledger),
         *job,
@@ -285,6 +287,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         help="toolkit: the heartbeat timeout until calculated ones replace it",
+    )
+    p.add_argument(
+        "--timeout-floor",
+        type=float,
+        default=0.0,
+        help="toolkit: --ft-calculated-timeout-floor; 0 (no floor) as in the documented runs: "
+        "this job's observed gaps include its saves, loads and restarts",
     )
     p.add_argument(
         "--from-first-step",

@@ -12,8 +12,9 @@ longer). One fault schedule, its victims drawn from ``--seed``, is played agains
 timed from each job's first training step:
 
 - a crash: ``SIGKILL`` to one rank (as the kernel's OOM killer does);
-- the preemption of one node: ``SIGTERM`` to its launcher, ``SIGKILL`` after a grace period;
-- a hang: ``SIGSTOP`` to one rank, a hang no handler inside the rank can see.
+- a hang: ``SIGSTOP`` to one rank, a hang no handler inside the rank can see;
+- the preemption of one node: ``SIGTERM`` to its launcher, ``SIGKILL`` after a grace period,
+  and the node back after a short wait, as a scheduler would do.
 
 The setups are the goodput benchmark's (``benchmarks/bench_goodput.py``):
 
@@ -33,6 +34,7 @@ shares of wall time) into ``--results``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import shutil
 import subprocess
@@ -50,7 +52,7 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 import bench_goodput  # noqa: E402 - the benchmark's setups, run here with the demo's options
 
 #: The schedule's kinds, in order, with their time after the first training step (seconds).
-SCHEDULE = (("kill", 5.0), ("preempt", 22.0), ("stop", 42.0))
+SCHEDULE = (("kill", 5.0), ("stop", 18.0), ("preempt", 32.0))
 WHAT = {"kill": "crash (SIGKILL)", "preempt": "preemption", "stop": "hang (SIGSTOP)"}
 
 
@@ -61,7 +63,8 @@ def plan_for(seed: int) -> FaultPlan:
         Fault(at_s=at, kind=kind, victim=rng.randrange(2**31), seed=rng.randrange(2**31))
         for kind, at in SCHEDULE
     )
-    return FaultPlan(seed=seed, mtbf=SCHEDULE[1][1] - SCHEDULE[0][1], keep_alive=0, faults=faults)
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(SCHEDULE)]
+    return FaultPlan(seed=seed, mtbf=sum(gaps) / len(gaps), keep_alive=min(gaps), faults=faults)
 
 
 def _cell(value: float | None) -> str:
@@ -122,12 +125,14 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
     ours = p.parse_args()
     # The benchmark's setups with the demo's size: 1 rank per node, a short hang timeout (the
-    # toolkit's until it calculates its own), a gloo timeout that ends torchrun's hang in time.
+    # toolkit's until it calculates its own, never below 5 s), a gloo timeout that ends
+    # torchrun's hang within the demo.
     args = bench_goodput.parser().parse_args(
         [
             *("--duration", str(ours.duration)),
             *("--nproc-per-node", "1"),
             *("--heartbeat-timeout", "3"),
+            *("--timeout-floor", "5"),
             *("--gloo-timeout", "15"),
             *("--persistent-every", "25"),
             *("--local-every", "5"),
