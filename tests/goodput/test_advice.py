@@ -127,3 +127,4 @@ def test_saves_without_a_cost_get_no_interval(tmp_path: Path) -> None:
     (tier,) = advice.tiers
     assert tier.save_blocked_s == 0 and tier.advised_interval_s is None
     assert tier.restart_s == advice.restart_s is not None
+    assert "persistent: its saves carry no duration" in render_advice(advice)

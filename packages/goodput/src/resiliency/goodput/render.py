@@ -227,6 +227,12 @@ def render_advice(advice: Advice) -> str:
     for row in rows:
         cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
         lines.append(("  " + cells).rstrip())
+    for tier in advice.tiers:
+        if advice.enough and tier.save_blocked_s <= 0 and tier.save_total_s <= 0:
+            lines.append(
+                f"  {tier.tier}: its saves carry no duration (e.g. imported from Google's log): "
+                "no cost to weigh, no interval advised"
+            )
     lines.append("")
     lines.append(
         "Intervals are the work between two saves (st: steps at the ideal step time); advised: "
