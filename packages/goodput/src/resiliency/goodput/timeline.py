@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import operator
 from dataclasses import dataclass, field
 
@@ -361,14 +362,16 @@ def _cut_cycle(
         implicit = kind != LOAD
         lost_first = int(implicit and first_step > future)
         bases.append(Base(cycle.start, first_time, before, implicit=implicit, lost=lost_first))
-        steps = list(map(_SECOND, marks[:k]))
-        times = times[:k]
-        n = list(map(operator.sub, steps[1:], steps[:-1]))
+        if k < len(marks):  # (a million marks: no copies when every one is kept)
+            marks, times = marks[:k], times[:k]
+        steps = list(map(_SECOND, marks))
+        # map() stops at its shortest input: islice(x, 1) and x pair each mark with the next.
+        n = list(map(operator.sub, itertools.islice(steps, 1, None), steps))
         if n and min(n) > 0:  # steps only go up: the fast way
             lost = _lost_steps(steps, n, future)
             work.start.extend(times[:-1])
             work.end.extend(times[1:])
-            work.eff.extend(map(operator.sub, times[1:], times[:-1]))
+            work.eff.extend(map(operator.sub, itertools.islice(times, 1, None), times))
             work.n.extend(n)
             work.lost.extend(lost)
         else:
