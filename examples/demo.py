@@ -36,12 +36,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +86,27 @@ def _print_faults(result: dict[str, Any]) -> None:
         )
 
 
-def _hang_verdict(log: Path) -> list[str]:
-    """The launcher's own words about the hang: who was hung, and the verdict over the ranks."""
-    needles = (" hung: ", "hang verdict:")
-    return [
-        line.split("] ", 1)[-1].strip()
-        for line in log.read_text(errors="replace").splitlines()
-        if any(n in line for n in needles)
-    ]
+def _hang_report(log: Path, window_s: float = 10.0) -> list[str]:
+    """The launcher's own words on the first hang: the ranks its monitors caught, its verdicts.
+
+    Every node's lines from the first ``hung`` line on, for ``window_s`` seconds.
+    """
+    line_re = re.compile(r"^\[[^]]+\] (?P<stamp>\S+ \S+) [A-Z]+ (?P<text>.*)$")
+    said: list[str] = []
+    first: datetime | None = None
+    for line in log.read_text(errors="replace").splitlines():
+        match = line_re.match(line)
+        if match is None:
+            continue
+        text = match["text"]
+        if not (" hung: " in text and "[timer:" in text) and not text.startswith("hang verdict:"):
+            continue
+        stamp = datetime.strptime(match["stamp"], "%Y-%m-%d %H:%M:%S,%f")
+        first = first or stamp
+        if (stamp - first).total_seconds() > window_s:
+            break
+        said.append(text)
+    return said
 
 
 def _timeline(ledger: Path, step_time: float, png: Path) -> bool:
@@ -142,8 +157,9 @@ def main() -> int:
     )
     plan = plan_for(ours.seed)
     print(
-        f"demo: 2 nodes x 1 rank of DDP training, {ours.duration:.0f} s per setup; seed "
-        f"{ours.seed}: " + ", ".join(f"{WHAT[f.kind]} at {f.at_s:.0f} s" for f in plan.faults),
+        f"demo: 2 nodes x 1 rank of DDP training, both setups at once for "
+        f"{ours.duration:.0f} s; seed {ours.seed}: "
+        + ", ".join(f"{WHAT[f.kind]} at {f.at_s:.0f} s" for f in plan.faults),
         flush=True,
     )
     work = Path(tempfile.mkdtemp(prefix="resiliency-demo-"))
@@ -158,9 +174,8 @@ def main() -> int:
             results = [run.result() for run in runs]
         for result in results:
             _print_faults(result)
-        verdict = _hang_verdict(work / "toolkit.log")
-        print("\nft-launcher on the hang:")
-        for line in verdict or ["(no hang was reported: see the log with --keep)"]:
+        print("\nft-launcher on the hang (its log):")
+        for line in _hang_report(work / "toolkit.log") or ["no hang reported (--keep: the log)"]:
             print(f"  {line}")
         print()
         print(bench_goodput.table(results))

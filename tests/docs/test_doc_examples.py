@@ -14,8 +14,11 @@ before its opening fence (invisible on GitHub and in rendered docs):
 ``<!-- test: file NAME -->``
     any block, not run: saved as NAME in the directory of every later block of the same page.
 ``<!-- test: install -->``
-    ``pip install`` lines: every distribution they name must be one of this repository's, with
-    the extras it declares (nothing is downloaded).
+    ``uv pip install ./packages/NAME[extras]`` lines: every package they name must be one of this
+    repository's, with the extras it declares (nothing is downloaded).
+``<!-- test: ci -->``
+    bash block of the README's own commands: ``.ci/run`` runs each line as written on a clean
+    clone (``.ci/readme_commands.py`` reads them); not run here.
 ``<!-- test: ft-config -->``
     yaml block: must load with ``FaultToleranceConfig.from_yaml_file``.
 ``<!-- test: skip (reason) -->``
@@ -33,6 +36,7 @@ shell block), so a partial environment skips what it cannot run.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
 import os
 import re
@@ -53,7 +57,7 @@ PAGES = sorted(
 RUNNABLE_LANGS = {"python", "py", "bash", "sh", "shell", "console"}
 PYTHON_LANGS = {"python", "py"}
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
-KINDS = {"run", "launcher", "shell", "file", "install", "ft-config", "skip"}
+KINDS = {"run", "launcher", "shell", "file", "install", "ft-config", "skip", "ci"}
 BLOCK_TIMEOUT_S = 90.0
 # Modules an example may need that are optional in some test environments.
 OPTIONAL_MODULES = (
@@ -327,34 +331,53 @@ def _write_earlier_files(block: Block, directory: Path) -> None:
             target.write_text(other.code, encoding="utf-8")
 
 
-def _repo_distributions() -> dict[str, set[str]]:
+def _repo_distributions() -> dict[str, tuple[str, set[str]]]:
+    """Each distribution of this repository: its folder under packages/ and its extras."""
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     dists = {}
     for pyproject in REPO.glob("packages/*/pyproject.toml"):
         project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
-        dists[project["name"]] = set(project.get("optional-dependencies", {}))
+        extras = set(project.get("optional-dependencies", {}))
+        dists[project["name"]] = (pyproject.parent.name, extras)
     return dists
 
 
+_REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9_./-]+?)/?(\[(?P<extras>[^\]]*)\])?")
+
+
 def _check_install(block: Block) -> None:
+    """Each line installs packages of this checkout: `uv pip install ./packages/NAME[extras]`.
+
+    Nothing is published to an index, so `pip install resiliency-...` would fail for a user; the
+    workspace sources make uv take the siblings from the checkout too.
+    """
     dists = _repo_distributions()
+    folders = {folder: extras for folder, extras in dists.values()}
     named = 0
     for line in block.code.splitlines():
         words = shlex.split(line, comments=True)
-        if words[:2] != ["pip", "install"]:
-            assert not words, f"{block.id}: an install block holds only `pip install` lines: {line}"
+        if words[:3] != ["uv", "pip", "install"]:
+            assert not words, (
+                f"{block.id}: an install block holds only `uv pip install ./packages/...` "
+                f"lines: {line}"
+            )
             continue
-        for word in words[2:]:
+        for word in words[3:]:
             if word.startswith("-"):
                 continue
-            match = re.fullmatch(r"(?P<name>[A-Za-z0-9_.-]+)(\[(?P<extras>[^\]]*)\])?", word)
+            match = _REQUIREMENT.fullmatch(word)
             assert match, f"{block.id}: cannot read the requirement {word!r}"
-            name = match.group("name")
-            assert name in dists, f"{block.id}: {name} is not a distribution of this repository"
+            path = match.group("name")
+            assert path.startswith("./packages/"), (
+                f"{block.id}: {word!r} is not a package of this checkout (./packages/NAME); "
+                "nothing of this repository is on an index"
+            )
+            folder = path.removeprefix("./packages/")
+            assert folder in folders, f"{block.id}: there is no package ./packages/{folder}"
             for extra in filter(None, (match.group("extras") or "").split(",")):
-                assert extra in dists[name], f"{block.id}: {name} has no extra {extra!r}"
+                assert extra in folders[folder], f"{block.id}: {folder} has no extra {extra!r}"
             named += 1
-    assert named, f"{block.id}: no distribution named"
+    assert named, f"{block.id}: no package named"
 
 
 @pytest.mark.parametrize("block", EXECUTED, ids=[b.id for b in EXECUTED])
@@ -389,3 +412,22 @@ def test_doc_example(block: Block, tmp_path: Path):
     )
     if block.expected_output is not None:
         _check_output(block, result.stdout)
+
+
+def test_ci_runs_the_readme_commands_as_written():
+    """The README's command block is the one `.ci/run` reads and runs, line by line."""
+    spec = importlib.util.spec_from_file_location(
+        "readme_commands", REPO / ".ci/readme_commands.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ci_blocks = [b for b in ALL if b.kind == "ci"]
+    assert [b.page.name for b in ci_blocks] == ["README.md"], "one `ci` block, in the README"
+    expected = [line.strip() for line in ci_blocks[0].code.splitlines() if line.strip()]
+    assert module.readme_commands(REPO / "README.md") == expected
+    assert [c.split("#")[0].split("&&")[-1].split() for c in expected] == [
+        ["nox", "-s", "demo"],
+        ["nox"],
+    ], "the README's first command is the demo, the second the test suite"
+    assert "readme_commands.py" in (REPO / ".ci/run").read_text()
