@@ -100,6 +100,39 @@ class HangDiagnosis:
             if self._monitors.request_stack_dump(local_rank):
                 self._requested.add(local_rank)
 
+    def collect(
+        self, ranks: Mapping[int, int], poll_events: Callable[[], None]
+    ) -> dict[int, str | None]:
+        """Wait (bounded) for the requested stacks; those that do not come are logged.
+
+        Args:
+            ranks: Local rank -> global rank of this cycle's workers.
+            poll_events: Reads pending monitor events and feeds them back to this object.
+
+        Returns:
+            Global rank -> stack dump (None: the monitor answered without one) of every rank
+            whose monitor answered or reported it hung.
+        """
+        deadline = time.monotonic() + self._wait_s
+        while (self._requested - set(self._stacks) - set(self.hangs)) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(_POLL_S)
+            poll_events()
+        if missing := sorted(self._requested - set(self._stacks) - set(self.hangs)):
+            logger.warning(
+                "no answer to the stack-dump request from the monitor(s) of local rank(s) %s "
+                "within %.1f s (busy or gone); going on without their stacks",
+                ",".join(map(str, missing)),
+                self._wait_s,
+            )
+        dumps: dict[int, str | None] = {}
+        for local_rank, text in self._stacks.items():
+            dumps[ranks.get(local_rank, local_rank)] = text
+        for local_rank, event in self.hangs.items():
+            dumps[ranks.get(local_rank, local_rank)] = event.stack_dump
+        return dumps
+
     def verdict(
         self, ranks: Mapping[int, int], poll_events: Callable[[], None]
     ) -> HangVerdict | None:
@@ -114,18 +147,7 @@ class HangDiagnosis:
         """
         if not self.hangs:
             return None
-        deadline = time.monotonic() + self._wait_s
-        while (self._requested - set(self._stacks) - set(self.hangs)) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(_POLL_S)
-            poll_events()
-        dumps: dict[int, str | None] = {}
-        for local_rank, text in self._stacks.items():
-            dumps[ranks.get(local_rank, local_rank)] = text
-        for local_rank, event in self.hangs.items():
-            dumps[ranks.get(local_rank, local_rank)] = event.stack_dump
-        return analyze_hang(dumps)
+        return analyze_hang(self.collect(ranks, poll_events))
 
 
 def culprit_cause(
@@ -146,12 +168,19 @@ def culprit_cause(
     local = {rank: lr for lr, rank in ranks.items()}
 
     def who(rank: int) -> str:
-        if rank not in local:
-            return f"rank {rank}"
-        return f"rank {rank} (local rank {local[rank]}, pid {pids.get(local[rank])})"
+        parts = [f"node {verdict.nodes[rank]}"] if rank in verdict.nodes else []
+        if rank in local:
+            parts += [f"local rank {local[rank]}", f"pid {pids.get(local[rank])}"]
+        return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
 
     frames = {r: frame for frame, group in verdict.by_frame.items() for r in group}
-    where = "; ".join(f"{who(r)} at {frames[r]}" for r in verdict.culprits)
+
+    def at(rank: int) -> str:
+        if rank in frames:
+            return f"at {frames[rank]}"
+        return "with no stack dump (stopped, stuck in the kernel or gone)"
+
+    where = "; ".join(f"{who(r)} {at(r)}" for r in verdict.culprits)
     text = f"likely culprit of the hang: {where}"
     if verdict.common_frame is not None:
         peers = verdict.by_frame.get(verdict.common_frame, ())
