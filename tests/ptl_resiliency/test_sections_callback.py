@@ -16,6 +16,8 @@ BASE_CFG: dict[str, Any] = {
     "termination_grace_period": 2.0,
     "stack_dump_timeout": 1.0,
     "safety_factor": 20.0,
+    # These tests check the calculation itself; the floor has its own tests (tests/ft_core).
+    "calculated_timeout_floor": 0.0,
 }
 
 
