@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from torch.distributed import Store
@@ -25,11 +24,13 @@ from resiliency.ft import MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
 from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
+from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import HealthResult, run_health_checks
 from resiliency.launcher.health_watch import HealthWatch
+from resiliency.launcher.job_verdict import EVIDENCE_SLACK_S, JobHangExchange
 from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState
@@ -43,6 +44,7 @@ from resiliency.launcher.preemption import (
 from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState
 from resiliency.launcher.startup_watch import StartupWatch
+from resiliency.launcher.verdict import HangVerdict
 from resiliency.launcher.worker_groups import WorkerProcessGroups
 from resiliency.launcher.workload_control import (
     exclude_this_node,
@@ -67,19 +69,6 @@ class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.detail)
         self.outcome = outcome
-
-
-@dataclass
-class _Cycle:
-    """What happened since the workers were last (re)started."""
-
-    diagnosis: HangDiagnosis
-    pids: dict[int, int] = field(default_factory=dict)
-    ranks: dict[int, int] = field(default_factory=dict)
-    causes: list[str] = field(default_factory=list)
-    connected: set[int] = field(default_factory=set)
-    shutdown: MonitorEvent | None = None
-    exclude: MonitorEvent | None = None
 
 
 class FtElasticAgent(CompatAgent):
@@ -110,6 +99,7 @@ class FtElasticAgent(CompatAgent):
         self._startup = StartupWatch(monitors, settings.ft_cfg.rank_startup_timeout)
         self._shared: SharedRoundState | None = None
         self._watcher: RoundWatcher | None = None
+        self._job: JobHangExchange | None = None  # a round of several nodes only
         self._published_failure = False
         self._worker_groups = WorkerProcessGroups()
         self.outcome: Outcome | None = None
@@ -121,9 +111,9 @@ class FtElasticAgent(CompatAgent):
         self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
         self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
 
-    def _new_cycle(self) -> _Cycle:
+    def _new_cycle(self) -> Cycle:
         cfg = self._settings.ft_cfg
-        return _Cycle(
+        return Cycle(
             HangDiagnosis(self._monitors, cfg.stack_dump_timeout, cfg.termination_grace_period)
         )
 
@@ -157,6 +147,10 @@ class FtElasticAgent(CompatAgent):
         )
         self._watcher = RoundWatcher(self._shared).start()
         self._published_failure = False
+        self._job = None
+        if self._shared.world > 1 and self._settings.ft_cfg.enable_stack_dump:
+            wait_s = self._settings.ft_cfg.stack_dump_timeout + EVIDENCE_SLACK_S
+            self._job = JobHangExchange(self._shared, wait_s + worker_group.spec.monitor_interval)
 
     def _stop_watching(self) -> None:
         if self._watcher is not None:
@@ -313,6 +307,8 @@ class FtElasticAgent(CompatAgent):
         self.goodput.hang_detected(event.rank, event.timer, event.elapsed, event.limit)
         self._cycle.causes.append(cause)
         first = self._cycle.diagnosis.add_hang(local_rank, event)
+        if first and self._job is not None:
+            self._job.announce()  # the other nodes contribute their ranks' stacks
         if first and self._settings.ft_cfg.enable_stack_dump:
             # The other local ranks are about to be stopped: collect their stacks first.
             peers = [
@@ -320,14 +316,23 @@ class FtElasticAgent(CompatAgent):
             ]
             self._cycle.diagnosis.request_peer_stacks(peers)
 
-    def _collect_verdict(self) -> None:
+    def _collect_verdict(self) -> bool:
+        """Log this node's hang verdict; True when it published evidence for the job's."""
         cycle = self._cycle
         verdict = cycle.diagnosis.verdict(cycle.ranks, self._poll_events)
         if verdict is not None:
-            self.verdicts.append(verdict.summary)
-            logger.error("%s", verdict.summary)
-            if (cause := culprit_cause(verdict, cycle.ranks, cycle.pids)) is not None:
-                cycle.causes.insert(0, cause)  # the root cause is the culprit, not the first timer
+            self._blame(verdict)
+        if self._job is None:
+            return False
+        restart = self.worker_group.spec.max_restarts - self.remaining_restarts
+        return self._job.contribute(cycle, self._poll_events, local=verdict, restart=restart)
+
+    def _blame(self, verdict: HangVerdict) -> None:
+        self.verdicts.append(verdict.summary)
+        logger.error("%s", verdict.summary)
+        cause = culprit_cause(verdict, self._cycle.ranks, self._cycle.pids)
+        if cause is not None:
+            self._cycle.causes.insert(0, cause)  # the root cause is the culprit, not a timer
 
     def _on_workload_control(self, event: MonitorEvent) -> None:
         try:
@@ -387,11 +392,11 @@ class FtElasticAgent(CompatAgent):
             shared = self._watcher.snapshot() if self._watcher is not None else None
 
             if self._cycle.shutdown is not None:
-                return self._shutdown_workload(result)
+                return shutdown_workload(self)
             if shared is not None and shared.shutdown is not None:
-                return self._follow_shutdown(result, shared.shutdown)
+                return follow_shutdown(self, shared.shutdown)
             if self._cycle.exclude is not None:
-                return self._exclude_this_node(result)
+                return exclude_this_node(self)
             if self._health is not None and (failed := self._health.failures()):
                 # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
                 raise _NodeLeaves(_unhealthy(failed))
@@ -433,7 +438,7 @@ class FtElasticAgent(CompatAgent):
                 )
                 self.restart_workers()
             elif decision is Decision.STANDBY:
-                standby_result = self._standby(result)
+                standby_result = stand_by(self, result)
                 if standby_result is not None:
                     return standby_result
             else:  # GIVE_UP
@@ -453,34 +458,23 @@ class FtElasticAgent(CompatAgent):
         return self._cycle.causes[0] if self._cycle.causes else "another node failed"
 
     def _end_cycle(self, local: LocalState) -> None:
-        """Close the books on this attempt: verdict, root cause, tell the other nodes."""
-        self._collect_verdict()
+        """Close the books on this attempt: verdicts, root cause, tell the other nodes."""
+        contributed = self._collect_verdict()
         self.goodput.cycle_ended()
+        if local is LocalState.FAILED and self._shared is not None and not self._published_failure:
+            # Before the job-wide wait: a node with no hang of its own contributes on seeing it.
+            self._published_failure = True
+            self._shared.publish_failed()
+        if contributed and self._job is not None:
+            self._blame(self._job.judge())
         if local is LocalState.FAILED:
             self.attempt_causes.append(self._cycle_summary())
-            if self._shared is not None and not self._published_failure:
-                self._published_failure = True
-                self._shared.publish_failed()
-
-    # --- min-healthy standby --------------------------------------------------------------------
-    def _standby(self, result: RunResult) -> RunResult | None:
-        return stand_by(self, result)
 
     # --- exit barrier ---------------------------------------------------------------------------
     def exit_barrier(self) -> None:
         """Wait until every node of the round finished or stepped aside, then release standbys."""
         if self._shared is not None:
             exit_barrier(self._shared, self.exit_barrier_timeout)
-
-    # --- workload control -----------------------------------------------------------------------
-    def _shutdown_workload(self, result: RunResult) -> RunResult:
-        return shutdown_workload(self)
-
-    def _follow_shutdown(self, result: RunResult, request: dict[str, Any]) -> RunResult:
-        return follow_shutdown(self, request)
-
-    def _exclude_this_node(self, result: RunResult) -> RunResult:
-        return exclude_this_node(self)
 
     def leaves_rendezvous_open(self) -> bool:
         """True when this node left on its own and must not close the rendezvous for the rest."""
