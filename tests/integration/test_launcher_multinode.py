@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from launcher_harness import (
     free_port,
     kill_leftovers,
     markers,
+    wait_for_markers,
 )
 
 pytestmark = pytest.mark.slow
@@ -33,8 +35,13 @@ def two_nodes(tmp_path: Path, marker_dir: Path):
     """Start two launchers of one job; everything is killed at teardown."""
     started: list[Launcher] = []
 
-    def start(nnodes: str, worker_args: list[str], *flags: str) -> tuple[Launcher, Launcher]:
-        """Node A starts first and hosts the rendezvous store; the fault fires on node B."""
+    def start(
+        nnodes: str, worker_args: list[str], *flags: str, worker: Path = WORKER
+    ) -> tuple[Launcher, Launcher]:
+        """Node A starts first and hosts the rendezvous store; the fault fires on node B.
+
+        Each node writes its exit status to node-a.json / node-b.json in ``tmp_path``.
+        """
         port = free_port()
         common = [
             "--nnodes",
@@ -58,17 +65,20 @@ def two_nodes(tmp_path: Path, marker_dir: Path):
             "2",
             *FAST_FT_FLAGS,
             *flags,
-            str(WORKER),
-            "--marker-dir",
-            str(marker_dir),
-            *worker_args,
         ]
-        node_a = Launcher(common, tmp_path / "node-a.log", env={"FT_TEST_FAULT_NODE": "0"})
+        script = [str(worker), "--marker-dir", str(marker_dir), *worker_args]
+
+        def node(name: str, fault: str) -> Launcher:
+            status = ["--exit-status-file", str(tmp_path / f"node-{name}.json")]
+            args = [*common, *status, *script]
+            return Launcher(args, tmp_path / f"node-{name}.log", env={"FT_TEST_FAULT_NODE": fault})
+
+        node_a = node("a", "0")
         started.append(node_a)
         # A's store exists once it logs its set-up line: B is then surely not the store host
         # (torch's c10d rendezvous cannot outlive the node hosting its store).
         node_a.wait_for_log("worker(s) on this node", 40)
-        node_b = Launcher(common, tmp_path / "node-b.log", env={"FT_TEST_FAULT_NODE": "1"})
+        node_b = node("b", "1")
         started.append(node_b)
         return node_a, node_b
 
@@ -129,3 +139,31 @@ def test_exclude_this_node_lets_the_other_node_go_on(two_nodes, marker_dir: Path
     assert "requested ExcludeThisNode: injected: bad node" in b.log()
     assert "of 1, fresh worker store" in a.log()  # re-formed alone
     assert len(markers(marker_dir, "done")) == 1
+
+
+@pytest.mark.parametrize("fault", ["stop", "gil_sleep"])
+def test_a_rank_stopped_on_one_node_is_named_job_wide(
+    two_nodes, marker_dir: Path, tmp_path: Path, fault: str
+):
+    # Node B's rank stops (SIGSTOP: no stack dump) or sleeps in C holding the GIL while node
+    # A's rank waits for it in all_reduce; each node alone sees only its own rank hung.
+    worker = Path(WORKER).parent / "collective_hang_worker.py"
+    a, b = two_nodes("2", ["--fault", fault], worker=worker)
+    stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
+    culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
+    assert a.wait(60) == 0, a.log()
+    assert b.wait(60) == 0, b.log()
+    named = f"-> likely culprit: rank {culprit} (node {culprit})"
+    failures: list[str] = []
+    for name, node in (("a", a), ("b", b)):
+        lines = [ln for ln in node.log().splitlines() if "job-wide hang verdict:" in ln]
+        assert len(lines) == 1 and named in lines[0], node.log()
+        status = json.loads((tmp_path / f"node-{name}.json").read_text())
+        assert any(named in v for v in status["hang_verdicts"]), status
+        failures += status["failures"]
+    # The node(s) that restarted because of the hang (whichever monitor fired first; the other
+    # node re-forms) give the culprit as the root cause, not the rank whose timer expired.
+    assert failures, "no node restarted"
+    for failure in failures:
+        assert failure.startswith(f"likely culprit of the hang: rank {culprit} (node {culprit}")
+    assert len(markers(marker_dir, "done")) == 2

@@ -1,0 +1,69 @@
+"""A gloo rank that all-reduces in a loop; on the faulty node it stops itself, once per job.
+
+The faulty node is picked by FT_TEST_FAULT_NODE=1 (the rendezvous assigns the ranks). At
+--fault-step that rank writes marker stopped-<rank>-<attempt>, then either stops (SIGSTOP: it
+cannot even dump its stacks) or sleeps in C holding the GIL (--fault gil_sleep); its peers wait
+for it in all_reduce. Markers: start-<rank>-<attempt>-<pid>, done-<rank>-<attempt>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from resiliency.ft import RankMonitorClient
+
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def mark(directory: Path, name: str) -> None:
+    # Written aside and renamed: a test that sees the name may read the content at once.
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text(f"{time.time()}\n")
+    os.replace(tmp, directory / name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--marker-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--fault-step", type=int, default=3)
+    parser.add_argument("--fault", default="stop", choices=["stop", "gil_sleep"])
+    args = parser.parse_args()
+    mark(args.marker_dir, f"start-{RANK}-{ATTEMPT}-{os.getpid()}")
+    # Once per job: a node that re-forms after a failure elsewhere keeps its restart count.
+    done_once = any(args.marker_dir.glob("stopped-*"))
+    faulty = os.environ.get("FT_TEST_FAULT_NODE") == "1" and not done_once
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    value = torch.ones(1)
+    for step in range(args.steps):
+        if faulty and step == args.fault_step:
+            mark(args.marker_dir, f"stopped-{RANK}-{ATTEMPT}")
+            if args.fault == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                ctypes.PyDLL(None).sleep(3600)
+        dist.all_reduce(value)
+        client.send_heartbeat()
+        time.sleep(0.05)
+    dist.barrier()
+    client.shutdown_workload_monitoring()
+    dist.destroy_process_group()
+    mark(args.marker_dir, f"done-{RANK}-{ATTEMPT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
