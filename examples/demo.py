@@ -87,7 +87,8 @@ def _print_faults(result: dict[str, Any]) -> None:
 
 
 def _hang_report(log: Path, window_s: float = 10.0) -> list[str]:
-    """The launcher's own words on the first hang: the ranks its monitors caught, its verdicts.
+    """The launcher's own words on the first hang: the ranks its monitors caught, its verdicts
+    (each node's, over its own ranks, and the job-wide one over every node's).
 
     Every node's lines from the first ``hung`` line on, for ``window_s`` seconds.
     """
@@ -99,7 +100,7 @@ def _hang_report(log: Path, window_s: float = 10.0) -> list[str]:
         if match is None:
             continue
         text = match["text"]
-        if not (" hung: " in text and "[timer:" in text) and not text.startswith("hang verdict:"):
+        if not (" hung: " in text and "[timer:" in text) and "hang verdict:" not in text:
             continue
         stamp = datetime.strptime(match["stamp"], "%Y-%m-%d %H:%M:%S,%f")
         first = first or stamp
