@@ -120,7 +120,7 @@ class JobHangExchange:
             cycle: this node's cycle (its diagnosis is asked for stacks when it had no hang).
             poll_events: reads pending monitor events and feeds them to the diagnosis.
             local: this node's own verdict, None when none of its ranks hung.
-            restart: this node's restart count (in the evidence, for the log).
+            restart: this node's restart count (in the evidence, for whoever inspects the store).
 
         Returns:
             True when this node published (then :meth:`judge` gives the job-wide verdict).
