@@ -8,6 +8,7 @@ from typing import Any
 
 from resiliency.goodput import Ledger
 from resiliency.simulator.runner import Injection
+from resiliency.simulator.steps_at_fault import step_at_fault
 
 __all__ = ["FaultOutcome", "format_table", "outcomes", "timeline_of"]
 
@@ -31,7 +32,9 @@ class FaultOutcome:
             checkpoint, a step under another restart count).
         recovered_s: the first training step after the job started again (after detection),
             if any; the first step after detection when nothing restarted.
-        steps_lost: the steps done before the fault that were done again after it.
+        steps_lost: the steps done before the fault that were done again after it: the step
+            the job had reached (`step_at_fault`: step events are sampled, so the newest one
+            can be behind) minus the step it resumed from.
         note: why it was not injected, or what was done.
     """
 
@@ -77,7 +80,6 @@ def outcomes(
             continue
         at = inj.injected_wall
         steps_before = [e for t, e in timeline if t <= at and e.get("event") == "step"]
-        before = [int(e["step"]) for e in steps_before]
         attempt = steps_before[-1].get("attempt") if steps_before else _cycle_before(timeline, at)
         detected = next(
             (
@@ -117,10 +119,11 @@ def outcomes(
             ),
             None,
         )
+        reached = step_at_fault(timeline, at, at if detected is None else detected, attempt)
         lost: int | None = None
-        if before and first_step is not None:
+        if reached is not None and first_step is not None:
             resumed_from = loaded if loaded is not None else int(first_step[1]["step"]) - 1
-            lost = max(0, max(before) - resumed_from)
+            lost = max(0, reached - resumed_from)
         result.append(
             FaultOutcome(
                 kind=inj.fault.kind,
