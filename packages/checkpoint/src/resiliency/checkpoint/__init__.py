@@ -15,8 +15,11 @@ from ._emergency import (
 )
 from .app_state import AppState
 from .auto_every import advised_every
+from .config_error_exit import CONFIG_ERROR_EXIT_CODE, config_error
 from .errors import (
+    CheckpointConfigError,
     CheckpointCorruptError,
+    CheckpointDirNotWritableError,
     CheckpointError,
     NoCheckpointError,
     SaveFailedError,
@@ -26,11 +29,14 @@ from .manager import CheckpointManager, SaveHandle
 from .tiers import LocalTier, PersistentTier
 
 __all__ = [
+    "CONFIG_ERROR_EXIT_CODE",
     "EXIT_INFO_DIR_ENV",
     "PREEMPTED_EXIT_CODE_ENV",
     "TERM_TIMEOUT_ENV",
     "AppState",
+    "CheckpointConfigError",
     "CheckpointCorruptError",
+    "CheckpointDirNotWritableError",
     "CheckpointError",
     "CheckpointManager",
     "EmergencyCheckpoint",
@@ -42,4 +48,5 @@ __all__ = [
     "SaveHandle",
     "WriterFailedError",
     "advised_every",
+    "config_error",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _agree, _dcp, _events, _layout, _restore, _staging
+from . import _agree, _dcp, _events, _layout, _restore, _root_check, _staging
 from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
 from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
 from .errors import CheckpointError, SaveFailedError, WriterFailedError
@@ -149,7 +149,7 @@ class CheckpointManager:
     def _open_root(self, root: str | Path) -> Path:
         """Make the root ready (collective); return the directory the writer writes under."""
         path = PersistentTier(root).local_path().resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        _root_check.ensure_writable(path, self.rank)  # not at the first save: see _root_check
         if self.rank == 0:
             _layout.remove_stale(path)
         return path
@@ -240,7 +240,7 @@ class CheckpointManager:
             _events.emit(
                 "checkpoint_save_failed", step=step, tier=self.tier, error=decision["error"]
             )
-            raise SaveFailedError(f"planning the save of step {step} failed: {decision['error']}")
+            raise SaveFailedError(f"planning step {step} under {self.root}: {decision['error']}")
         if decision.get("skip") or plan is None:
             logger.info("step %d is already committed under %s; not saved again", step, self.root)
             return SaveHandle(self, None, step)
@@ -405,7 +405,7 @@ class CheckpointManager:
                 messages = [m for m in _agree.gather_messages(save.message, self._group) if m]
                 kind = WriterFailedError if code == WRITER_FAILED else SaveFailedError
                 save.error = kind(
-                    f"saving step {save.step} failed; the previous checkpoint is intact: "
+                    f"saving step {save.step} under {self.root} failed; the previous is intact: "
                     + "; ".join(messages)
                 )
                 logger.error("%s", save.error)

@@ -158,7 +158,9 @@ def run(request: dict[str, Any], server_fd: int) -> None:
         except SystemExit as exc:
             code = _exit_code(exc)
         except BaseException:
-            traceback.print_exc()
+            # As a new interpreter does: the script's own hook (a configuration error's sets
+            # the exit code itself, see resiliency.launcher.config_error) prints it.
+            sys.excepthook(*sys.exc_info())
             code = 1
         main = threading.main_thread()
         for thread in threading.enumerate():

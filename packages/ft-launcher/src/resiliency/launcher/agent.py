@@ -23,6 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from resiliency.ft import MonitorEvent, WorkloadAction
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
+from resiliency.launcher.config_error import config_error_failures, stop_on_config_error
 from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
 from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
@@ -388,6 +389,8 @@ class FtElasticAgent(CompatAgent):
             ):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
                 return result
+            if result.state == WorkerState.FAILED and (bad := config_error_failures(result)):
+                return stop_on_config_error(self, bad)  # a restart would fail the same way
             # The round watcher's latest state: no store operation per monitoring interval.
             shared = self._watcher.snapshot() if self._watcher is not None else None
 

@@ -11,7 +11,10 @@ Codes 2 and up are this toolkit's own.
 0   SUCCESS               every worker exited 0, or a forwarded SIGTERM/SIGINT ended them cleanly
 1   FAILURE               restarts ran out, the rendezvous failed, the launcher hit an error, or
                           a signal to the launcher ended workers that did not all exit 0
-2   USAGE                 a bad flag or configuration file; no worker was started
+2   USAGE                 a bad flag or configuration file (no worker was started), or a
+                          worker exited 78: a configuration error a restart cannot fix, e.g.
+                          a checkpoint directory it cannot write (see ``config_error``);
+                          fix the configuration, do not requeue as is
 3   SHUTDOWN_WORKLOAD     a rank asked for ``ShutdownWorkload``: do NOT requeue the job
 4   NODE_EXCLUDED         this node left the job (``ExcludeThisNode`` or a failed health
                           check): requeue without this node

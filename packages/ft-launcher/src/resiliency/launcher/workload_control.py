@@ -14,7 +14,13 @@ from resiliency.launcher.shared_state import ACK_WAIT_SECONDS, StoreWaitTimeoutE
 if TYPE_CHECKING:
     from resiliency.launcher.agent import FtElasticAgent
 
-__all__ = ["exclude_this_node", "follow_shutdown", "shutdown_workload", "stopped_result"]
+__all__ = [
+    "exclude_this_node",
+    "follow_shutdown",
+    "shutdown_workload",
+    "stop_the_job",
+    "stopped_result",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +39,25 @@ def shutdown_workload(agent: FtElasticAgent) -> RunResult:
     """A rank asked for ShutdownWorkload: stop every node, close the rendezvous, no restarts."""
     event = agent._cycle.shutdown
     assert event is not None
-    group = agent.worker_group
     reason = event.desc or "(no reason given)"
     detail = f"rank {event.rank} requested ShutdownWorkload: {reason}"
     logger.error("%s; stopping the job on every node, no restarts", detail)
+    stop_the_job(agent, event.rank, event.desc or "")
+    agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
+    return stopped_result(agent.worker_group)
+
+
+def stop_the_job(agent: FtElasticAgent, rank: int | None, desc: str) -> None:
+    """Stop the workers on every node for good: the other nodes follow, the rendezvous closes.
+
+    Args:
+        agent: this node's agent.
+        rank: the rank that asked (or failed), for the other nodes' logs.
+        desc: why, for the other nodes' logs.
+    """
+    group = agent.worker_group
     if agent._shared is not None:
-        agent._shared.publish_shutdown(event.rank, event.desc or "")
+        agent._shared.publish_shutdown(rank, desc)
     agent._stop_workers(group)
     spec = group.spec
     try:
@@ -51,8 +70,6 @@ def shutdown_workload(agent: FtElasticAgent) -> RunResult:
             agent._shared.wait_shutdown_acks(others, ACK_WAIT_SECONDS)
         except StoreWaitTimeoutError as exc:
             logger.warning("not every node acknowledged the shutdown: %s", exc)
-    agent.outcome = Outcome(ExitCode.SHUTDOWN_WORKLOAD, "shutdown_workload", detail)
-    return stopped_result(agent.worker_group)
 
 
 def follow_shutdown(agent: FtElasticAgent, request: dict[str, Any]) -> RunResult:

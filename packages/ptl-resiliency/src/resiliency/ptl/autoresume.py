@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from resiliency.checkpoint import CONFIG_ERROR_EXIT_CODE, config_error
 from resiliency.ptl._compat import early_stopping_types
 from resiliency.ptl.errors import AutoResumeConfigError
 
@@ -24,15 +25,22 @@ def finished_flag_path() -> Path:
         The path (it need not exist yet).
 
     Raises:
-        AutoResumeConfigError: The variable is not set or empty.
+        AutoResumeConfigError: The variable is not set or empty (a configuration error: uncaught,
+            the rank exits 78 and ft-launcher exits 2, see ``resiliency.checkpoint.config_error``).
     """
     value = os.environ.get(FINISHED_FLAG_ENV, "")
     if not value:
-        raise AutoResumeConfigError(
-            f"autoresume=True needs the environment variable {FINISHED_FLAG_ENV}: the path of the "
-            "file to create when training is complete (the auto-resume loop stops when it exists). "
-            f"Set it (e.g. `export {FINISHED_FLAG_ENV}=$PWD/finished.flag`) or pass "
-            "autoresume=False."
+        # A restart fails the same way: marked, it ends the rank with the configuration-error
+        # code, so ft-launcher stops instead of restarting and exits 2 (fix the configuration).
+        raise config_error(
+            AutoResumeConfigError(
+                f"autoresume=True needs the environment variable {FINISHED_FLAG_ENV}: the path of "
+                "the file to create when training is complete (the auto-resume loop stops when it "
+                f"exists). Set it (e.g. `export {FINISHED_FLAG_ENV}=$PWD/finished.flag`, or "
+                "ft-launcher's --finished-flag-file) or pass autoresume=False. Uncaught, this "
+                f"error ends the rank with exit code {CONFIG_ERROR_EXIT_CODE}, and ft-launcher "
+                "exits 2 without restarting."
+            )
         )
     return Path(value)
 

@@ -16,4 +16,8 @@ class LauncherRequiredError(PtlResiliencyError, MonitorUnavailableError):
 
 
 class AutoResumeConfigError(PtlResiliencyError, ValueError):
-    """``autoresume=True`` but the job does not say where to write the finished flag."""
+    """``autoresume=True`` but the job does not say where to write the finished flag.
+
+    Raised as a configuration error: uncaught, it ends the rank with exit code 78 and
+    ft-launcher exits 2 (fix the configuration) instead of restarting.
+    """
