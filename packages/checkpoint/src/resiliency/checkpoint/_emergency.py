@@ -18,7 +18,8 @@ What happens:
 * At ``stop_at`` every rank saves through the manager and waits until the step is committed,
   writes ``$RESILIENCY_EXIT_INFO_DIR/rank_<RANK>.json`` and exits with
   ``$RESILIENCY_PREEMPTED_EXIT_CODE`` (0 without a launcher), which ft-launcher reads as a
-  graceful preemption: no restart, exit code 5.
+  graceful preemption: no restart, exit code 5. An earlier save still in flight is waited for
+  until the deadline at most, a writer still starting not at all (see ``_emergency_exit``).
 * The save is budgeted against the time left before SIGKILL (``--term-timeout`` of ft-launcher,
   exported as ``RESILIENCY_TERM_TIMEOUT_S``, or ``term_timeout_s=``): when the expected save time
   (the longest of the recent saves recorded with :meth:`EmergencyCheckpoint.record_save`) does
@@ -49,6 +50,7 @@ from resiliency.checkpoint._emergency_agreement import (
     default_store,
     key_prefix,
 )
+from resiliency.checkpoint._emergency_exit import close_manager
 from resiliency.checkpoint._launcher_contract import (
     EXIT_INFO_DIR_ENV,
     PREEMPTED_EXIT_CODE_ENV,
@@ -451,9 +453,15 @@ class EmergencyCheckpoint:
         raise SystemExit(code)  # exit_fn returned (a test double): still never return
 
     def _wait_timeout(self) -> float | None:
+        left = self._time_left(0.0)
+        return None if left is None else max(1.0, left)
+
+    def _time_left(self, keep_s: float) -> float | None:
+        """Seconds until SIGKILL less ``keep_s`` (at least 0); None: no deadline known (then
+        the manager's own writer timeout bounds its waits)."""
         if self._stop is None or self._stop.deadline is None:
-            return None  # the manager's own writer timeout bounds the wait
-        return max(1.0, self._stop.deadline - time.time())
+            return None
+        return max(0.0, self._stop.deadline - time.time() - keep_s)
 
     def _finish(self, step: int, plan: str, took: float, error: str | None) -> int:
         preempted_code = preempted_exit_code()
@@ -477,12 +485,7 @@ class EmergencyCheckpoint:
             if self._stop is not None and self._stop.deadline is not None:
                 left = min(left, max(0.5, self._stop.deadline - time.time() - 0.5))
             agreement.finish(left)
-        close = getattr(self._manager, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception as exc:
-                logger.warning("closing the checkpoint manager failed: %s", exc)
+        close_manager(self._manager, self.rank, step, self._time_left(self._margin_s))
         _events.flush()
         for handler in logging.getLogger().handlers:
             handler.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,12 @@ class TieredSaveHandle:
         )
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until the step is committed on its tiers; raise the first (agreed) failure."""
+        """Wait until the step is committed on its tiers; raise the first (agreed) failure.
+
+        ``timeout`` bounds the whole wait, not each tier's (an emergency save waits with the
+        time left before SIGKILL).
+        """
+        deadline = _deadline(timeout)
         error: BaseException | None = None
         if self._local is not None and self._owner.local is not None:
             if self._owner.local.inflight is self._local:
@@ -56,9 +62,18 @@ class TieredSaveHandle:
             elif self._local.error is not None:
                 error = self._local.error
         if self._persistent is not None:
-            self._persistent.wait(timeout)
+            self._persistent.wait(_left(deadline))
         if error is not None:
             raise error
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline: float | None) -> float | None:
+    """What remains of a wait started with ``_deadline`` (None: unbounded)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _split(
@@ -162,6 +177,7 @@ class TieredCheckpoints:
         return handle
 
     def wait(self, timeout: float | None = None) -> None:
+        deadline = _deadline(timeout)  # one bound for both tiers
         error: BaseException | None = None
         if self.local is not None:
             try:
@@ -169,7 +185,7 @@ class TieredCheckpoints:
             except SaveFailedError as exc:
                 error = exc
         if self.persistent is not None:
-            self.persistent.wait(timeout)
+            self.persistent.wait(_left(deadline))
         if error is not None:
             raise error
 

@@ -145,13 +145,29 @@ class WriterProcess:
         self._sock.close()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Ask the writer to exit; kill it when it does not within ``timeout``."""
-        if self._proc.poll() is None:
+        """Stop the writer: a ready one is asked to exit, one still starting is killed at once.
+
+        The managers close a writer only once no save is in flight on it. One that never said
+        ``ready`` was never sent a request and holds nothing, but would read ``exit`` only
+        after its imports: seconds on a busy node at its lowered priority, during which a rank
+        closing its manager on its way out (an emergency stop) sends no heartbeat, and its
+        monitor took that wait for a hang. A ready, idle writer exits at once on ``exit``.
+
+        Args:
+            timeout: how long a ready writer gets to exit before it is killed.
+        """
+        if self._proc.poll() is None and self.ready:
             try:
                 _protocol.send(self._sock, {"type": "exit"})
                 self._proc.wait(timeout=timeout)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+            except OSError as exc:  # its end is closed: it is exiting (kill() reaps it)
+                logger.debug("writer pid %d: 'exit' not sent: %s", self.pid, exc)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "checkpoint writer pid %d did not exit within %.1f s of 'exit'; killing it",
+                    self.pid,
+                    timeout,
+                )
         self.kill()
 
     @staticmethod
