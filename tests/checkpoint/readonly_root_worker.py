@@ -2,6 +2,7 @@
 
     python readonly_root_worker.py ROOT MARKERS uncaught   # CheckpointManager(ROOT), uncaught
     python readonly_root_worker.py ROOT MARKERS caught     # prints the error as JSON, exits 0
+    python readonly_root_worker.py ROOT MARKERS local      # the same, ROOT as a local tier
     python readonly_root_worker.py ROOT MARKERS remount    # ROOT writable at construction, then
                                                            # remounted read-only; prints the
                                                            # failed save's error as JSON
@@ -20,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from resiliency.checkpoint import CheckpointDirNotWritableError, CheckpointManager, SaveFailedError
+from resiliency.checkpoint import (
+    CheckpointDirNotWritableError,
+    CheckpointManager,
+    LocalTier,
+    PersistentTier,
+    SaveFailedError,
+)
 
 
 def main() -> None:
@@ -30,9 +37,13 @@ def main() -> None:
     (markers / f"start-{rank}-{restart}").write_text(str(os.getpid()))
     if mode == "uncaught":
         CheckpointManager(root).close()
-    elif mode == "caught":
+    elif mode in ("caught", "local"):
         try:
-            CheckpointManager(root).close()
+            if mode == "caught":
+                CheckpointManager(root).close()
+            else:  # the persistent tier is writable: only the local tier is refused
+                persistent = PersistentTier(markers / "persistent", every=10)
+                CheckpointManager(None, tiers=[LocalTier(root), persistent]).close()
         except CheckpointDirNotWritableError as exc:
             report = {"type": type(exc).__name__, "message": str(exc), "path": str(exc.path)}
             print(json.dumps({**report, "errno": exc.errno}))

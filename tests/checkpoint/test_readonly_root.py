@@ -80,9 +80,12 @@ def _started(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]
 
 
 @needs_namespaces
-def test_construction_names_the_directory_and_the_reason(dirs: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("mode", ["caught", "local"], ids=["root", "local-tier"])
+def test_construction_names_the_directory_and_the_reason(
+    dirs: tuple[Path, Path], mode: str
+) -> None:
     root, markers = dirs
-    cmd = _in_mount(root, "ro", [sys.executable, str(WORKER), str(root), str(markers), "caught"])
+    cmd = _in_mount(root, "ro", [sys.executable, str(WORKER), str(root), str(markers), mode])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from . import _dcp, _events, _holdings, _layout, _protocol, _replicate, _staging
+from ._root_check import ensure_writable
 from ._writer_client import STARTUP_TIMEOUT_S, WriterDiedError, WriterHungError, WriterProcess
 from .errors import SaveFailedError, WriterFailedError
 from .tiers import LocalTier
@@ -83,10 +84,10 @@ class LocalSaver:
     ) -> None:
         self.tier = tier
         self.root = Path(tier.path).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world = dist.get_world_size(group) if group is not None else 1
+        ensure_writable(self.root, self.rank)  # refused now, not at every save
         self.writer_timeout_s = writer_timeout_s
         self.topology = _holdings.Topology.build(tier.node_label(), group)
         if tier.replicas and len(self.topology.nodes) < 2:
