@@ -106,7 +106,8 @@ def _hang_report(log: Path, window_s: float = 10.0) -> list[str]:
         first = first or stamp
         if (stamp - first).total_seconds() > window_s:
             break
-        said.append(text)
+        if text not in said:  # every node logs the job-wide verdict: once is enough here
+            said.append(text)
     return said
 
 
