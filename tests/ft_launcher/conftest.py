@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from launcher_harness import Launcher, kill_leftovers
+from round_store import RoundStores
 
 
 @pytest.fixture
@@ -34,3 +35,11 @@ def launch(tmp_path: Path, marker_dir: Path) -> Iterator[Callable[..., Launcher]
     for launcher in started:
         launcher.kill()
     kill_leftovers(marker_dir)
+
+
+@pytest.fixture
+def round_stores() -> Iterator[RoundStores]:
+    """A real round store for the launcher's shared-state code; closed at teardown."""
+    stores = RoundStores()
+    yield stores
+    stores.close()

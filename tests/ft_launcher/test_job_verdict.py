@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import cast
 
 import pytest
-from torch.distributed import PrefixStore, TCPStore
+from round_store import RoundStores
 
 from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis
@@ -41,34 +38,10 @@ class _Monitors:
         return True
 
 
-class _Stores:
-    """The round's store; every connection to it is closed at teardown."""
-
-    def __init__(self) -> None:
-        self.server: TCPStore | None = TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False
-        )
-        self.server.set_timeout(timedelta(seconds=30))
-        self.round: PrefixStore | None = PrefixStore("round/", self.server)
-
-    def close(self) -> None:
-        # torch closes a store's socket (and the server) when its last reference goes.
-        self.round = None
-        self.server = None
-        gc.collect()
-
-
-@pytest.fixture
-def stores() -> Iterator[_Stores]:
-    held = _Stores()
-    yield held
-    held.close()
-
-
-def _exchange(stores: _Stores, node: int, wait_s: float = 5.0) -> JobHangExchange:
+def _exchange(round_stores: RoundStores, node: int, wait_s: float = 5.0) -> JobHangExchange:
     # Each node has its own connection, as separate launchers do.
-    assert stores.round is not None
-    return JobHangExchange(SharedRoundState(stores.round.clone(), world=2, rank=node), wait_s)
+    assert round_stores.round is not None
+    return JobHangExchange(SharedRoundState(round_stores.round.clone(), world=2, rank=node), wait_s)
 
 
 def _cycle(monitors: _Monitors, ranks: dict[int, int]) -> Cycle:
@@ -90,16 +63,16 @@ def test_evidence_round_trip_and_malformed_evidence() -> None:
             decode_evidence(bad)
 
 
-def test_both_nodes_name_the_stopped_rank_of_the_other_node(stores: _Stores) -> None:
+def test_both_nodes_name_the_stopped_rank_of_the_other_node(round_stores: RoundStores) -> None:
     # Node 1's rank 1 was stopped: its monitor found it hung and got no dump.
-    node1 = _exchange(stores, 1)
+    node1 = _exchange(round_stores, 1)
     node1.announce()
     local1 = analyze_hang({1: None})
     assert local1.culprits == ()  # alone, node 1 cannot tell what rank 1 was doing
     assert node1.contribute(_cycle(_Monitors(), {0: 1}), lambda: None, local=local1, restart=0)
 
     # Node 0 had no hang of its own: it asks its monitors for its rank's stack first.
-    node0 = _exchange(stores, 0)
+    node0 = _exchange(round_stores, 0)
     assert node0.hang_in_round()
     monitors = _Monitors()
     cycle0 = _cycle(monitors, {0: 0})
@@ -118,8 +91,8 @@ def test_both_nodes_name_the_stopped_rank_of_the_other_node(stores: _Stores) -> 
     assert not node0.contribute(cycle0, poll, local=None, restart=0)
 
 
-def test_no_hang_in_the_round_publishes_nothing(stores: _Stores) -> None:
-    node0 = _exchange(stores, 0)
+def test_no_hang_in_the_round_publishes_nothing(round_stores: RoundStores) -> None:
+    node0 = _exchange(round_stores, 0)
     assert not node0.hang_in_round()
     monitors = _Monitors()
     assert not node0.contribute(_cycle(monitors, {0: 0}), lambda: None, local=None, restart=0)
@@ -127,9 +100,9 @@ def test_no_hang_in_the_round_publishes_nothing(stores: _Stores) -> None:
 
 
 def test_a_silent_node_bounds_the_wait_and_is_logged(
-    stores: _Stores, caplog: pytest.LogCaptureFixture
+    round_stores: RoundStores, caplog: pytest.LogCaptureFixture
 ) -> None:
-    node0 = _exchange(stores, 0, wait_s=0.3)
+    node0 = _exchange(round_stores, 0, wait_s=0.3)
     node0.announce()
     local = analyze_hang({0: _ALL_REDUCE})
     assert node0.contribute(_cycle(_Monitors(), {0: 0}), lambda: None, local=local, restart=0)
@@ -146,11 +119,11 @@ def test_a_silent_node_bounds_the_wait_and_is_logged(
 
 
 def test_malformed_evidence_is_dropped_and_logged(
-    stores: _Stores, caplog: pytest.LogCaptureFixture
+    round_stores: RoundStores, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert stores.round is not None
-    stores.round.set("ft/hang/evidence/1", "not json")
-    node0 = _exchange(stores, 0)
+    assert round_stores.round is not None
+    round_stores.round.set("ft/hang/evidence/1", "not json")
+    node0 = _exchange(round_stores, 0)
     node0.announce()
     local = analyze_hang({0: _ALL_REDUCE})
     assert node0.contribute(_cycle(_Monitors(), {0: 0}), lambda: None, local=local, restart=0)

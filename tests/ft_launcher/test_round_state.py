@@ -2,56 +2,29 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
-from torch.distributed import PrefixStore, TCPStore
+from round_store import RoundStores
 
 from resiliency.launcher.coordination import exit_barrier
 from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState, StoreWaitTimeoutError
 
 
-class _Stores:
-    """The round's store and every connection made to it; all closed at teardown."""
-
-    def __init__(self) -> None:
-        self.server: TCPStore | None = TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False
-        )
-        self.server.set_timeout(timedelta(seconds=30))
-        self.round: PrefixStore | None = PrefixStore("round/", self.server)
-
-    def close(self) -> None:
-        # torch closes a store's socket (and the server) when its last reference goes.
-        self.round = None
-        self.server = None
-        gc.collect()
-
-
-@pytest.fixture
-def store() -> Iterator[_Stores]:
-    stores = _Stores()
-    yield stores
-    stores.close()
-
-
-def _node(stores: _Stores, world: int, rank: int) -> SharedRoundState:
+def _node(stores: RoundStores, world: int, rank: int) -> SharedRoundState:
     # Each node has its own connection to the store, as separate launchers do.
     assert stores.round is not None
     return SharedRoundState(stores.round.clone(), world=world, rank=rank)
 
 
-def test_a_watcher_sees_a_failure_elsewhere_without_polling(store: _Stores) -> None:
-    watcher = RoundWatcher(_node(store, 2, 0)).start()
+def test_a_watcher_sees_a_failure_elsewhere_without_polling(round_stores: RoundStores) -> None:
+    watcher = RoundWatcher(_node(round_stores, 2, 0)).start()
     try:
         first = watcher.snapshot()
         assert (first.failed, first.standby, first.left, first.shutdown) == (0, 0, 0, None)
-        _node(store, 2, 1).publish_failed()
+        _node(round_stores, 2, 1).publish_failed()
         state = watcher.wait_for_change(first.version, timeout=20)
         assert state.failed == 1
         assert state.version > first.version
@@ -63,10 +36,10 @@ def test_a_watcher_sees_a_failure_elsewhere_without_polling(store: _Stores) -> N
         watcher.stop()
 
 
-def test_a_shutdown_request_reaches_every_watcher(store: _Stores) -> None:
-    watchers = [RoundWatcher(_node(store, 3, rank)).start() for rank in range(3)]
+def test_a_shutdown_request_reaches_every_watcher(round_stores: RoundStores) -> None:
+    watchers = [RoundWatcher(_node(round_stores, 3, rank)).start() for rank in range(3)]
     try:
-        _node(store, 3, 2).publish_shutdown(5, "bad data")
+        _node(round_stores, 3, 2).publish_shutdown(5, "bad data")
         for watcher in watchers:
             state = watcher.wait_for_change(0, timeout=20)
             assert state.shutdown == {"rank": 5, "desc": "bad data"}
@@ -75,9 +48,9 @@ def test_a_shutdown_request_reaches_every_watcher(store: _Stores) -> None:
             watcher.stop()
 
 
-def test_stopping_a_watcher_ends_its_thread_and_wakes_no_other(store: _Stores) -> None:
-    mine = RoundWatcher(_node(store, 2, 0)).start()
-    other_node = _node(store, 2, 1)
+def test_stopping_a_watcher_ends_its_thread_and_wakes_no_other(round_stores: RoundStores) -> None:
+    mine = RoundWatcher(_node(round_stores, 2, 0)).start()
+    other_node = _node(round_stores, 2, 1)
     other = RoundWatcher(other_node).start()
     before = other.snapshot().version
     started = time.monotonic()
@@ -89,12 +62,12 @@ def test_stopping_a_watcher_ends_its_thread_and_wakes_no_other(store: _Stores) -
     other.stop()
 
 
-def test_exit_barrier_releases_when_the_last_node_arrives(store: _Stores) -> None:
+def test_exit_barrier_releases_when_the_last_node_arrives(round_stores: RoundStores) -> None:
     released: list[float] = []
 
     def finish(rank: int, delay: float) -> None:
         time.sleep(delay)
-        exit_barrier(_node(store, 3, rank), timeout=30)
+        exit_barrier(_node(round_stores, 3, rank), timeout=30)
         released.append(time.monotonic())
 
     threads = [threading.Thread(target=finish, args=(r, 0.5 * r)) for r in range(3)]
@@ -108,20 +81,20 @@ def test_exit_barrier_releases_when_the_last_node_arrives(store: _Stores) -> Non
     assert min(released) - started >= 0.9
 
 
-def test_a_node_standing_by_completes_the_exit_barrier(store: _Stores) -> None:
-    finisher = _node(store, 2, 0)
+def test_a_node_standing_by_completes_the_exit_barrier(round_stores: RoundStores) -> None:
+    finisher = _node(round_stores, 2, 0)
     done = threading.Event()
 
     def finish() -> None:
         exit_barrier(finisher, timeout=30)
         done.set()
 
-    standby = _node(store, 2, 1)
+    standby = _node(round_stores, 2, 1)
     thread = threading.Thread(target=finish)
     thread.start()
-    assert store.round is not None
+    assert round_stores.round is not None
     deadline = time.monotonic() + 30
-    while store.round.add("ft/exit_count", 0) < 1:  # the finisher's arrival at the barrier
+    while round_stores.round.add("ft/exit_count", 0) < 1:  # the finisher's arrival at the barrier
         assert time.monotonic() < deadline, "the finisher never arrived at the exit barrier"
         time.sleep(0.01)
     # One of two nodes arrived: a barrier that let it go would do so at once.
@@ -142,18 +115,18 @@ def test_a_node_standing_by_completes_the_exit_barrier(store: _Stores) -> None:
 
 
 def test_a_missing_node_times_the_barrier_out_with_a_message(
-    store: _Stores, caplog: pytest.LogCaptureFixture
+    round_stores: RoundStores, caplog: pytest.LogCaptureFixture
 ) -> None:
     started = time.monotonic()
-    exit_barrier(_node(store, 2, 0), timeout=0.5)
+    exit_barrier(_node(round_stores, 2, 0), timeout=0.5)
     assert time.monotonic() - started < 10
     assert "waited 0 s for the other nodes to finish (exit barrier)" in caplog.text
 
 
-def test_acknowledgement_waits_have_deadlines(store: _Stores) -> None:
-    node = _node(store, 3, 0)
+def test_acknowledgement_waits_have_deadlines(round_stores: RoundStores) -> None:
+    node = _node(round_stores, 3, 0)
     with pytest.raises(StoreWaitTimeoutError, match="2 node\\(s\\) to acknowledge the shutdown"):
         node.wait_shutdown_acks(2, 0.3)
-    _node(store, 3, 1).ack_shutdown()
-    _node(store, 3, 2).ack_shutdown()
+    _node(round_stores, 3, 1).ack_shutdown()
+    _node(round_stores, 3, 2).ack_shutdown()
     node.wait_shutdown_acks(2, 10)
