@@ -30,6 +30,7 @@ TORCH_PYTHON = "3.11"  # the local CPU torch wheel exists for 3.11 only
 CHECKPOINT_LAUNCHER_TESTS = (
     "tests/checkpoint/test_emergency_launcher.py",
     "tests/checkpoint/test_tiers_launcher.py",
+    "tests/checkpoint/test_readonly_root_launcher.py",
 )
 TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"]
 # Object-store checkpoint tests: s3fs against moto's S3 server on loopback.
