@@ -128,7 +128,10 @@ def test_shutdown_workload_stops_every_node_without_restart(two_nodes, marker_di
     logs = a.log() + b.log()
     assert "requested ShutdownWorkload: injected: stop" in logs
     assert "restarting" not in logs and "re-forming" not in logs
-    assert len(markers(marker_dir, "start")) == 2
+    # Node B's rank may ask for the shutdown before node A's rank has even started (nothing
+    # orders the two nodes' spawns): what matters is that no rank ever started a second time.
+    starts = markers(marker_dir, "start")
+    assert starts and all(name.split("-")[2] == "0" for name in starts), starts
 
 
 def test_exclude_this_node_lets_the_other_node_go_on(two_nodes, marker_dir: Path):
