@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import typing
-from typing import Any
 
-from resiliency.ft._config_errors import (
-    InvalidConfigError,
-    closest_key,
-    format_validation_error,
-)
+from resiliency.ft._config_errors import closest_key
 from resiliency.ft._config_values import is_optional
+from resiliency.ft._flags import (
+    CFG_PATH_DEST,
+    CFG_PATH_FLAGS,
+    IGNORE_MISSING_CFG_DEST,
+    IGNORE_MISSING_CFG_FLAG,
+    dest,
+    field_flags,
+    is_mapping,
+)
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS
-from resiliency.ft._yaml_section import SECTION_KEY, EmptyConfigFileError, load_section
 from resiliency.ft.config import FaultToleranceConfig
-from resiliency.ft.errors import ConfigError, ConfigNotFoundError
 
 __all__ = [
     "CFG_PATH_DEST",
@@ -39,40 +40,8 @@ __all__ = [
     "field_flags",
 ]
 
-logger = logging.getLogger(__name__)
-
 GROUP_TITLE = "fault tolerance"
-CFG_PATH_FLAGS = ("--fault-tol-cfg-path", "--ft-cfg-path")
-CFG_PATH_DEST = "ft_cfg_path"
-IGNORE_MISSING_CFG_FLAG = "--ignore-missing-fault-tol-cfg"
-IGNORE_MISSING_CFG_DEST = "ft_ignore_missing_cfg"
-_NULL_WORDS = frozenset({"null", "none"})
 _HINT_INSTALLED = "_ft_typo_hint_installed"
-
-
-def field_flags(name: str) -> tuple[str, str]:
-    """Return the two flags of a config field: ``--ft-param-<snake>`` and ``--ft-<kebab>``.
-
-    Args:
-        name: the field's name, e.g. ``rank_heartbeat_timeout``.
-
-    Returns:
-        The snake spelling, then the kebab spelling.
-    """
-    return f"--ft-param-{name}", f"--ft-{name.replace('_', '-')}"
-
-
-def _dest(name: str) -> str:
-    return f"ft_param_{name}"
-
-
-def _flags_label(name: str) -> str:
-    snake, kebab = field_flags(name)
-    return f"{kebab}/{snake}"
-
-
-def _is_mapping(annotation: Any) -> bool:
-    return typing.get_origin(annotation) is dict
 
 
 def _metavar(name: str) -> str:
@@ -81,7 +50,7 @@ def _metavar(name: str) -> str:
     if isinstance(extra, dict) and isinstance(extra.get("metavar"), str):
         return str(extra["metavar"])
     annotation = field.annotation
-    if _is_mapping(annotation):
+    if is_mapping(annotation):
         return "NAME:SECS,..."
     if annotation is bool:
         return "BOOL"
@@ -141,7 +110,7 @@ def add_ft_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
         description = (field.description or "").replace("%", "%%")
         group.add_argument(
             *field_flags(name),
-            dest=_dest(name),
+            dest=dest(name),
             default=argparse.SUPPRESS,
             metavar=_metavar(name),
             help=f"{description} (default: {_default_text(name)})",
@@ -149,7 +118,7 @@ def add_ft_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     for name, reason in NVRX_ONLY_KEYS.items():
         group.add_argument(
             *field_flags(name),
-            dest=_dest(name),
+            dest=dest(name),
             default=argparse.SUPPRESS,
             metavar="VALUE",
             help=f"Accepted for NVIDIA's resiliency extension; no effect here ({reason}).",
@@ -210,47 +179,6 @@ def _install_typo_hint(parser: argparse.ArgumentParser) -> None:
     setattr(parser, _HINT_INSTALLED, True)
 
 
-def _parse_section_timeouts(raw: str) -> dict[str, str | None]:
-    label = _flags_label("rank_section_timeouts")
-    result: dict[str, str | None] = {}
-    for part in raw.split(","):
-        item = part.strip()
-        if not item:
-            continue
-        name, sep, value = item.rpartition(":")
-        name, value = name.strip(), value.strip()
-        if not sep or not name or not value:
-            raise ConfigError(
-                f"{label}: malformed item {item!r} in {raw!r}; expected NAME:SECONDS or "
-                "NAME:null, separated by commas (e.g. 'step:30,checkpoint:null')"
-            )
-        if name in result:
-            raise ConfigError(f"{label}: section {name!r} is given twice in {raw!r}")
-        # The model converts and range-checks the number; an error then names this flag.
-        result[name] = None if value.lower() in _NULL_WORDS else value
-    return result
-
-
-def _flag_value(name: str, raw: Any) -> Any:
-    if not isinstance(raw, str) or name in NVRX_ONLY_KEYS:
-        return raw  # programmatic values go to the model as they are; NVRx-only ones are dropped
-    annotation = FaultToleranceConfig.model_fields[name].annotation
-    if _is_mapping(annotation):
-        return _parse_section_timeouts(raw)
-    if is_optional(annotation) and raw.strip().lower() in _NULL_WORDS:
-        return None
-    return raw.strip()
-
-
-def _flag_values(namespace: argparse.Namespace) -> dict[str, Any]:
-    values = {}
-    for name in [*FaultToleranceConfig.model_fields, *NVRX_ONLY_KEYS]:
-        dest = _dest(name)
-        if hasattr(namespace, dest):
-            values[name] = _flag_value(name, getattr(namespace, dest))
-    return values
-
-
 def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
     """Build the configuration from flags added by :func:`add_ft_arguments`.
 
@@ -270,45 +198,4 @@ def config_from_args(namespace: argparse.Namespace) -> FaultToleranceConfig:
         ConfigError: the file or a flag holds an invalid value (the message names the file or
             the flag).
     """
-    path = getattr(namespace, CFG_PATH_DEST, None)
-    ignore_missing = bool(getattr(namespace, IGNORE_MISSING_CFG_DEST, False))
-    base: dict[str, Any] = {}
-    flags = _flag_values(namespace)
-    if path:
-        try:
-            section = load_section(path, FaultToleranceConfig.model_fields)
-        except EmptyConfigFileError as exc:
-            # As in NVIDIA's resiliency extension: an empty file plus flags means "flags and
-            # defaults"; an empty file and no flag at all is still an error.
-            if not flags and not ignore_missing:
-                raise ConfigNotFoundError(
-                    f"{exc}, and no fault-tolerance flag was given; add a '{SECTION_KEY}:' "
-                    f"section, give --ft-* flags, or pass {IGNORE_MISSING_CFG_FLAG}"
-                ) from None
-            logger.info("%s; using the defaults and the --ft-* flags", exc)
-        except ConfigNotFoundError as exc:
-            if not ignore_missing:
-                raise
-            logger.warning(
-                "%s; using the defaults and flags instead (%s)", exc, IGNORE_MISSING_CFG_FLAG
-            )
-        else:
-            # Validated on its own first, so that an error in the file names the file.
-            file_cfg = FaultToleranceConfig.from_dict(section, source=str(path))
-            base = file_cfg.model_dump(exclude_unset=True)
-            logger.debug("fault-tolerance config from %s: %s", path, base)
-
-    merged = dict(base)
-    for name, value in flags.items():
-        if isinstance(value, dict) and isinstance(merged.get(name), dict):
-            merged[name] = {**merged[name], **value}
-        else:
-            merged[name] = value
-    try:
-        return FaultToleranceConfig(**merged)
-    except InvalidConfigError as exc:
-        raise ConfigError(
-            format_validation_error(
-                exc.validation_error, lambda name: _flags_label(name) if name in flags else name
-            )
-        ) from None
+    return FaultToleranceConfig.from_args(namespace)

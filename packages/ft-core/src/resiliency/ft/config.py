@@ -40,6 +40,7 @@ from resiliency.ft._config_values import (
     Signal,
     check_safety_factor,
 )
+from resiliency.ft._flags import config_from_namespace
 from resiliency.ft._nvrx_keys import NVRX_ONLY_KEYS, drop_nvrx_only_keys
 from resiliency.ft._yaml_section import SECTION_KEY, load_section
 from resiliency.ft.errors import ConfigError
@@ -327,9 +328,7 @@ class FaultToleranceConfig(BaseModel):
         Raises:
             ConfigError: see :func:`resiliency.ft.cli_args.config_from_args`.
         """
-        from resiliency.ft.cli_args import config_from_args  # noqa: PLC0415 (import cycle)
-
-        return config_from_args(namespace)
+        return config_from_namespace(cls, namespace)
 
     # -- output -------------------------------------------------------------------------------
 
