@@ -249,6 +249,49 @@ def corrupt(rank: int, root: Path, out: Path) -> dict[str, Any]:
     return {"loads": loads, "all_bad": all_bad}
 
 
+class _Warnings(logging.Handler):
+    """Keeps the checkpoint package's warnings of this rank, to hand them to the test."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def corrupt_shard_elsewhere(rank: int, root: Path, out: Path) -> dict[str, Any]:
+    """Flip a byte of a shard that only the last rank checksums; every rank falls back a step."""
+    warnings = _Warnings()
+    logging.getLogger("resiliency.checkpoint").addHandler(warnings)
+    world = dist.get_world_size()
+    t = Trainer(rank)
+    mgr = CheckpointManager(root, keep_last=None)
+    for step in (1, 2):
+        t.step()
+        mgr.save(step, {"app": t.app})
+    mgr.wait()
+    step_dir = root / "step_000000002"
+    names = sorted(json.loads((step_dir / "manifest.json").read_text())["files"])
+    # File i of the manifest is checksummed by rank i % world alone (see _layout.verify_step).
+    checker = world - 1
+    name = next(n for i, n in enumerate(names) if n.endswith(".distcp") and i % world == checker)
+    dist.barrier()
+    if rank == 0:
+        data = bytearray((step_dir / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (step_dir / name).write_bytes(bytes(data))
+    dist.barrier()
+    loaded = mgr.load({"app": Trainer(rank, seed=5).app})
+    mgr.close()
+    return {
+        "loaded": loaded,
+        "damaged": str(step_dir / name),
+        "checker": checker,
+        "warnings": warnings.messages,
+    }
+
+
 def _tmp_of(root: Path, step: int) -> Path:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -331,7 +374,15 @@ def retention_inflight(rank: int, root: Path, out: Path) -> dict[str, Any]:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (train_resume, kill_writer, hang_writer, corrupt, disk_full, retention_inflight)
+    for f in (
+        train_resume,
+        kill_writer,
+        hang_writer,
+        corrupt,
+        corrupt_shard_elsewhere,
+        disk_full,
+        retention_inflight,
+    )
 }
 
 

@@ -58,6 +58,25 @@ def test_damaged_steps_are_skipped_with_a_warning_naming_the_file(tmp_path: Path
     assert "failed verification on another rank" in logs  # the rank that checked the other file
 
 
+def test_a_shard_only_another_rank_checksums_is_named_on_rank_0(tmp_path: Path):
+    # Issue 28: 3 ranks, one flipped byte in a shard that only rank 2 checksums. Every rank
+    # falls back to step 1, and rank 0, which verified its own share of step 2, says which
+    # rank rejected the step, which file, and which check failed.
+    results, _ = run_scenario("corrupt_shard_elsewhere", tmp_path, world=3)
+    assert [r["loaded"] for r in results.values()] == [1, 1, 1], results
+    damaged, checker = results[0]["damaged"], results[0]["checker"]
+    assert checker != 0
+    named = [m for m in results[0]["warnings"] if "step 2 skipped" in m]
+    assert len(named) == 1, results[0]["warnings"]
+    assert named[0].startswith("rank 0: checkpoint step 2 skipped: it failed verification"), named
+    assert f"rank {checker}: {damaged}: crc32 " in named[0], named
+    assert named[0].endswith("(corrupt))"), named
+    own = [m for m in results[checker]["warnings"] if "step 2 skipped" in m]
+    assert len(own) == 1 and own[0].startswith(
+        f"rank {checker}: checkpoint step 2 skipped: {damaged}: crc32 "
+    ), own
+
+
 def _check_disk_full(results: dict) -> None:
     for r in results.values():
         assert r["error"] and "No space left on device" in r["error"], r

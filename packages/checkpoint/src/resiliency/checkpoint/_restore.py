@@ -33,7 +33,7 @@ def agree_on_step(
         if s not in verdicts:
             verdicts[s] = _layout.verify_step(_layout.step_dir(root, s), rank, world)
             if not verdicts[s][0]:
-                logger.warning("checkpoint step %d skipped: %s", s, verdicts[s][1])
+                logger.warning("rank %d: checkpoint step %d skipped: %s", rank, s, verdicts[s][1])
         return verdicts[s][0]
 
     if step is not None:
@@ -49,23 +49,44 @@ def agree_on_step(
         candidate = next(
             (s for s in reversed(local) if (bound is None or s <= bound) and check(s)), -1
         )
-        mins, maxs = _agree.min_max([candidate, len(local)], group)
-        if mins[0] == maxs[0]:
+        # Each rank checksums only its share of the files, so the reason a step is rejected
+        # may be known to one rank alone: it travels with the candidates, and a rank that has
+        # to give up a step it verified names who rejected it, which file and which check.
+        rejected = {str(s): v[1] for s, v in verdicts.items() if not v[0] and s > candidate}
+        everyone = _json_collectives.all_gather_json([candidate, len(local), rejected], group)
+        lowest = min(int(e[0]) for e in everyone)
+        if all(int(e[0]) == lowest for e in everyone):
             break
-        if candidate > mins[0]:
+        if candidate > lowest:
             logger.warning(
-                "checkpoint step %d skipped: it failed verification on another rank", candidate
+                "rank %d: checkpoint step %d skipped: it failed verification on another rank (%s)",
+                rank,
+                candidate,
+                _rejections(candidate, everyone, root),
             )
-        bound = mins[0]
+        bound = lowest
         if bound < 0:
             break
-    if mins[0] < 0:
-        if maxs[1] > 0:
+    if lowest < 0:
+        if max(int(e[1]) for e in everyone) > 0:
             raise CheckpointCorruptError(
                 f"no committed step under {root} verifies on every rank; see the warnings"
             )
         return None, 0
-    return mins[0], verdicts[mins[0]][2]
+    return lowest, verdicts[lowest][2]
+
+
+def _rejections(step: int, everyone: list[Any], root: Path) -> str:
+    """Why the other ranks did not accept ``step``: each rank, with the file and the check."""
+    reasons = []
+    for other, (candidate, _, rejected) in enumerate(everyone):
+        if int(candidate) >= step:
+            continue
+        why = rejected.get(str(step))
+        reasons.append(
+            f"rank {other}: {why}" if why else f"rank {other}: not committed under {root} there"
+        )
+    return "; ".join(reasons)
 
 
 def load_step(
