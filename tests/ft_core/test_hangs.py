@@ -321,3 +321,29 @@ def test_block_that_ends_cleanly_says_goodbye(start_monitor, spawn_rank):
     assert rank.wait(30) == 0, rank.output()
     assert "finished cleanly; its timers are disarmed" in monitor.log()
     assert not any(e.kind == "hang" for e in monitor.drain(0.5))
+
+
+def test_rank_that_closes_its_connection_gets_its_exit_watched_not_its_heartbeats(
+    start_monitor, spawn_rank
+):
+    # Issue 28: a rank that connects and exits without a heartbeat or 'bye' (NVIDIA's config-dump
+    # launcher scenario) tears its interpreter down after its connection closed; that teardown
+    # may outlast the initial timeout and unregisters faulthandler. It is neither a hang nor a
+    # target for the (moved) dump signal, whose default action would kill it.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=1.0, rank_termination_signal="SIGUSR2")
+    rank = spawn_rank(
+        """
+        import gc
+        assert client.cfg.stack_dump_signal == signal.SIGUSR1
+        del client
+        gc.collect()  # the socket closes without 'bye', as in interpreter teardown
+        print("closed", flush=True)
+        time.sleep(3)  # a slow teardown, three times the initial timeout
+        """,
+        monitor,
+    )
+    assert rank.wait(30) == 0, rank.output()
+    log = monitor.log()
+    assert "closed its connection without 'bye'; watching its exit (limit 30 s" in log, log
+    assert " hung: " not in log, log
+    assert not any(e.kind == "hang" for e in monitor.drain(0.5))

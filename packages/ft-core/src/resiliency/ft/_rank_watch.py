@@ -12,14 +12,17 @@ from typing import Any
 
 from resiliency.ft.timeouts import HeartbeatTimeouts, ObservedIntervals, SectionTimeouts
 
+#: The least time a rank that closed its connection without 'bye' gets to exit.
+EXIT_FLOOR_S = 30.0
+
 
 @dataclass(frozen=True)
 class ExpiredTimer:
     """A timer that ran out.
 
     Attributes:
-        timer: ``"startup"``, ``"initial"``, ``"heartbeat"``, ``"section:<name>"`` or
-            ``"out_of_section"``.
+        timer: ``"startup"``, ``"initial"``, ``"heartbeat"``, ``"section:<name>"``,
+            ``"out_of_section"`` or ``"exit"``.
         elapsed: Seconds since the timer started.
         limit: The timeout, in seconds.
     """
@@ -45,6 +48,11 @@ class ExpiredTimer:
             return f"no first heartbeat or section since init_workload_monitoring(): {times}"
         if self.timer == "heartbeat":
             return f"no heartbeat for {times}"
+        if self.timer == "exit":
+            return (
+                "the rank closed its monitor connection without 'bye' (interpreter teardown) "
+                f"and has not exited: {times}"
+            )
         if self.timer == "out_of_section":
             return f"no section open for {times}"
         return f"section '{self.timer.removeprefix('section:')}' open for {times}"
@@ -105,6 +113,10 @@ class RankWatch:
         self.open_sections: dict[str, float] = {}
         self.used_sections = False
         self.last_section_end: float | None = None
+        # The client registered its stack-dump handler ('dump_ready'): the dump signal is safe.
+        self.dump_ready = False
+        # Set once the rank closed its connection without 'bye': (since, limit) of the exit timer.
+        self.exiting: tuple[float, float] | None = None
 
     def status(self, now: float) -> dict[str, Any]:
         """Heartbeat age and innermost open section, for the launcher's status view."""
@@ -119,6 +131,26 @@ class RankWatch:
         """Record that the rank connected (``init_workload_monitoring()``) at ``ts``."""
         if self.connected_at is None:
             self.connected_at = ts
+        self.exiting = None
+
+    def on_disconnect(self, ts: float, hb: HeartbeatTimeouts, sections: SectionTimeouts) -> float:
+        """Record that the live rank closed its connection without 'bye' at ``ts``.
+
+        A closed connection carries no heartbeat or section event, so every progress timer would
+        expire however healthy the rank's exit is (a Python interpreter tearing down torch takes
+        seconds). From now on one ``exit`` timer runs instead, as long as the longest progress
+        timer that was running and never shorter than :data:`EXIT_FLOOR_S`: a teardown that
+        hangs is still found. Teardown unregisters faulthandler, after which the dump signal's
+        default action ends the process: no dump signal is sent from now on.
+
+        Returns:
+            The exit timer's limit, in seconds.
+        """
+        limits = [limit for _, _, limit in self._armed(hb, sections)]
+        limit = max([EXIT_FLOOR_S, *limits])
+        self.exiting = (ts, limit)
+        self.dump_ready = False
+        return limit
 
     def arm_startup(self, limit: float) -> bool:
         """Enforce the startup timer from now on, still counted from ``armed_at``.
@@ -184,6 +216,8 @@ class RankWatch:
         self, hb: HeartbeatTimeouts, sections: SectionTimeouts
     ) -> list[tuple[str, float, float]]:
         """Every running timer as (name, start time, limit)."""
+        if self.exiting is not None:
+            return [("exit", *self.exiting)]
         timers = []
         if not self.progressed:
             if self.connected_at is None:

@@ -75,7 +75,6 @@ class RankMonitorServer(SocketLoop):
         self._worker_pid: int | None = None
         self._worker_start_time: int | None = None
         self._generation = 0
-        self._dump_ready = False
         self._action: HangAction | None = None
         self._controller: Conn | None = None
         self._parent_pid = os.getppid()
@@ -224,17 +223,19 @@ class RankMonitorServer(SocketLoop):
         return None
 
     def _rank_disconnected(self, conn: Conn) -> None:
-        current = conn.generation == self._generation and self._watch is not None
+        watch = self._watch if conn.generation == self._generation else None
         self._emit("rank_disconnected", pid=conn.creds.pid, clean=conn.said_bye)
-        if conn.said_bye or not current or self._action is not None:
+        if conn.said_bye or watch is None or self._action is not None:
             return
-        if pid_alive(conn.creds.pid):
-            logger.warning(
-                "%s closed its monitor connection without 'bye'; still watching it", self._who()
-            )
-        else:
+        if not pid_alive(conn.creds.pid):
             logger.info("%s exited without 'bye'; its timers are disarmed", self._who())
             self._watch = None
+            return
+        limit = watch.on_disconnect(time.monotonic(), self.hb_timeouts, self.section_timeouts)
+        logger.info(
+            "%s closed its connection without 'bye'; watching its exit (limit %s, no stack dump)",
+            *(self._who(), format_limit(limit)),
+        )
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -243,8 +244,8 @@ class RankMonitorServer(SocketLoop):
         if conn.role == "pending":
             self._handshake(conn, msg)
         elif conn.role == "rank" and t == "dump_ready":
-            if conn.generation == self._generation:
-                self._dump_ready = True
+            if conn.generation == self._generation and self._watch is not None:
+                self._watch.dump_ready = True
         elif conn.role == "rank" and t in _HOT:
             self._on_hot(conn, t, msg.get("n"), msg["ts"], now)
         elif conn.role == "rank" and t == "stats":
@@ -359,7 +360,6 @@ class RankMonitorServer(SocketLoop):
             self._action = None
         self._generation += 1
         self._worker_pid = pid
-        self._dump_ready = False
         self._worker_start_time = process_start_time(pid)
         startup = self.cfg.rank_startup_timeout if watch_startup else None
         self._watch = RankWatch(pid, rank, now, self._obs, startup_timeout=startup)
@@ -406,7 +406,7 @@ class RankMonitorServer(SocketLoop):
             "rank": watch.rank if watch else None,
             "pid": watch.pid if watch else None,
         }
-        if watch is None or watch.pid is None or not self._dump_ready:
+        if watch is None or watch.pid is None or not watch.dump_ready:
             self._emit("stacks", **fields, stack_dump=None, msg="no connected worker to dump")
             return
         if not self.cfg.enable_stack_dump:
@@ -431,9 +431,9 @@ class RankMonitorServer(SocketLoop):
         assert watch is not None and watch.pid is not None
         who = self._who()
         logger.error("%s hung: %s [timer: %s]", who, expired.describe(), expired.timer)
-        dump_path = self.dump_path if self.cfg.enable_stack_dump and self._dump_ready else None
+        dump_path = self.dump_path if self.cfg.enable_stack_dump and watch.dump_ready else None
         if dump_path is None:
-            reason = "disabled" if not self.cfg.enable_stack_dump else "its client never registered"
+            reason = "disabled" if not self.cfg.enable_stack_dump else "no dump handler armed"
             logger.error("no stack dump of %s (%s)", who, reason)
         fields: dict[str, Any] = {"rank": watch.rank, "pid": watch.pid}
 
