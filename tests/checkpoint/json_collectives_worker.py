@@ -18,9 +18,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from resiliency.checkpoint import _dcp
-from resiliency.checkpoint._json_collectives import all_gather_json, gather_json, scatter_json
-from resiliency.checkpoint._plan_codec import encode_plan
+from resiliency.checkpoint._collectives.json_exchange import (
+    all_gather_json,
+    gather_json,
+    scatter_json,
+)
+from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._engine.plan_codec import encode_plan
 
 
 def _value(rank: int) -> Any:

@@ -38,7 +38,7 @@ def _source(out: Path, rank: int) -> tuple[Path, dict]:
 def rank_main(root: Path, scenario: str, out: Path) -> int:
     import torch.distributed as dist  # noqa: PLC0415
 
-    from resiliency.checkpoint import _replicate  # noqa: PLC0415
+    from resiliency.checkpoint._tiers import replicate as _replicate  # noqa: PLC0415
 
     _replicate.CHUNK_BYTES = 256 << 10  # several chunks and rounds per file
     rank = int(os.environ["RANK"])

@@ -25,7 +25,7 @@ from emergency_harness import (
     wait_for_files,
 )
 
-from resiliency.checkpoint._emergency import EXIT_INFO_DIR_ENV, PREEMPTED_EXIT_CODE_ENV
+from resiliency.checkpoint._emergency.checkpoint import EXIT_INFO_DIR_ENV, PREEMPTED_EXIT_CODE_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from resiliency.checkpoint import (
     EmergencyCheckpoint,
     EmergencyCheckpointError,
 )
-from resiliency.checkpoint._emergency_agreement import StopAgreement, StopRecord
+from resiliency.checkpoint._emergency.agreement import StopAgreement, StopRecord
 
 
 class Exited(Exception):

@@ -12,8 +12,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from resiliency.checkpoint import CheckpointManager, LocalTier
-from resiliency.checkpoint._holdings import shard_dir
-from resiliency.checkpoint._verified_read import CorruptShardError, load_verified
+from resiliency.checkpoint._read.verified import CorruptShardError, load_verified
+from resiliency.checkpoint._tiers.holdings import shard_dir
 
 
 def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

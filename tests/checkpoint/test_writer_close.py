@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from resiliency.checkpoint._writer_client import WriterProcess
+from resiliency.checkpoint._writer.client import WriterProcess
 
 pytestmark = pytest.mark.timeout(180)
 

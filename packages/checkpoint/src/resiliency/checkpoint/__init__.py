@@ -6,17 +6,17 @@ Every checkpoint is a standard ``torch.distributed.checkpoint`` (DCP) checkpoint
 
 from __future__ import annotations
 
-from ._emergency import (
+from resiliency.checkpoint._emergency.checkpoint import (
     EXIT_INFO_DIR_ENV,
     PREEMPTED_EXIT_CODE_ENV,
     TERM_TIMEOUT_ENV,
     EmergencyCheckpoint,
     EmergencyCheckpointError,
 )
-from .app_state import AppState
-from .auto_every import advised_every
-from .config_error_exit import CONFIG_ERROR_EXIT_CODE, config_error
-from .errors import (
+from resiliency.checkpoint.app_state import AppState
+from resiliency.checkpoint.auto_every import advised_every
+from resiliency.checkpoint.config_error_exit import CONFIG_ERROR_EXIT_CODE, config_error
+from resiliency.checkpoint.errors import (
     CheckpointConfigError,
     CheckpointCorruptError,
     CheckpointDirNotWritableError,
@@ -25,8 +25,8 @@ from .errors import (
     SaveFailedError,
     WriterFailedError,
 )
-from .manager import CheckpointManager, SaveHandle
-from .tiers import LocalTier, PersistentTier
+from resiliency.checkpoint.manager import CheckpointManager, SaveHandle
+from resiliency.checkpoint.tiers import LocalTier, PersistentTier
 
 __all__ = [
     "CONFIG_ERROR_EXIT_CODE",

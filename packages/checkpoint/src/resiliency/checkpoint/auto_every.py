@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from resiliency.checkpoint._collectives import agree as _agree
+from resiliency.checkpoint.manager import CheckpointManager
 from resiliency.goodput import AutoInterval
-
-from . import _agree
-from .manager import CheckpointManager
 
 _NOT_RANK_0 = 1 << 62  # larger than any interval: the minimum over ranks is rank 0's
 

@@ -19,11 +19,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _agree, _dcp, _events, _layout, _restore, _root_check, _staging
-from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
-from ._writer_client import WriterDiedError, WriterHungError, WriterProcess
-from .errors import CheckpointError, SaveFailedError, WriterFailedError
-from .tiers import PersistentTier, _is_url
+from resiliency.checkpoint import _events
+from resiliency.checkpoint._collectives import agree as _agree
+from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._engine import restore as _restore
+from resiliency.checkpoint._engine import root_check as _root_check
+from resiliency.checkpoint._engine import staging as _staging
+from resiliency.checkpoint._engine.commit import IO_FAILED, OK, WRITER_FAILED, Save, complete
+from resiliency.checkpoint._writer.client import WriterDiedError, WriterHungError, WriterProcess
+from resiliency.checkpoint.errors import CheckpointError, SaveFailedError, WriterFailedError
+from resiliency.checkpoint.tiers import PersistentTier, _is_url
 
 __all__ = ["CheckpointManager", "SaveHandle"]
 
@@ -157,7 +163,7 @@ class CheckpointManager:
     def _init_tiers(
         self, root: Any, tiers: Sequence[Any], async_save: bool, group: Any, timeout: float
     ) -> None:
-        from ._tiered import TieredCheckpoints  # noqa: PLC0415 -- it builds managers itself
+        from resiliency.checkpoint._tiers.engine import TieredCheckpoints  # noqa: PLC0415 -- it builds managers itself
 
         self._group = _control_group(group)
         self._tiered = TieredCheckpoints(

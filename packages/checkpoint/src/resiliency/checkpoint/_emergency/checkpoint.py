@@ -13,7 +13,7 @@ What happens:
 * The signal handler only records the signal (no I/O, no collective, nothing that can deadlock).
 * The rank that notices first proposes ``stop_at = step + lead`` through the job's c10d store;
   the other ranks learn it by a staggered store check every ``check_every`` steps (see
-  :mod:`resiliency.checkpoint._emergency_agreement` for why ``lead >= check_every + max_drift``
+  :mod:`resiliency.checkpoint._emergency.agreement` for why ``lead >= check_every + max_drift``
   makes it impossible for a rank to have passed the stop step).
 * At ``stop_at`` every rank saves through the manager and waits until the step is committed,
   writes ``$RESILIENCY_EXIT_INFO_DIR/rank_<RANK>.json`` and exits with
@@ -43,15 +43,15 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from resiliency.checkpoint import _events
-from resiliency.checkpoint._emergency_agreement import (
+from resiliency.checkpoint._emergency.agreement import (
     StopAgreement,
     StopRecord,
     check_lead,
     default_store,
     key_prefix,
 )
-from resiliency.checkpoint._emergency_exit import close_manager
-from resiliency.checkpoint._launcher_contract import (
+from resiliency.checkpoint._emergency.exit import close_manager
+from resiliency.checkpoint._emergency.launcher_contract import (
     EXIT_INFO_DIR_ENV,
     PREEMPTED_EXIT_CODE_ENV,
     TERM_TIMEOUT_ENV,
@@ -59,7 +59,9 @@ from resiliency.checkpoint._launcher_contract import (
     preempted_exit_code,
     write_exit_info,
 )
-from resiliency.checkpoint._launcher_contract import term_timeout_s as launcher_term_timeout_s
+from resiliency.checkpoint._emergency.launcher_contract import (
+    term_timeout_s as launcher_term_timeout_s,
+)
 from resiliency.checkpoint.errors import CheckpointError
 
 __all__ = [

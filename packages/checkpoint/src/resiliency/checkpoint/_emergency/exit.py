@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .manager import CheckpointManager
+from resiliency.checkpoint.manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _dcp, _events, _layout
-from ._writer_client import STARTUP_TIMEOUT_S, WriterDiedError, WriterHungError, WriterProcess
+from resiliency.checkpoint import _events
+from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._writer.client import (
+    STARTUP_TIMEOUT_S,
+    WriterDiedError,
+    WriterHungError,
+    WriterProcess,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _agree, _json_collectives, _layout
-from .errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from resiliency.checkpoint._collectives import agree as _agree
+from resiliency.checkpoint._collectives import json_exchange as _json_collectives
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint.errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
 
 logger = logging.getLogger("resiliency.checkpoint.manager")
 

@@ -11,8 +11,8 @@ import os
 import socket
 from pathlib import Path
 
-from .config_error_exit import CONFIG_ERROR_EXIT_CODE, config_error
-from .errors import CheckpointDirNotWritableError
+from resiliency.checkpoint.config_error_exit import CONFIG_ERROR_EXIT_CODE, config_error
+from resiliency.checkpoint.errors import CheckpointDirNotWritableError
 
 __all__ = ["ensure_writable"]
 

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _layout
+from resiliency.checkpoint._engine import layout as _layout
 
 _CHUNK = 4 << 20  # CRC-32 each piece while it is still in the CPU's cache
 _STORAGE_RECORD = re.compile(r"(^|/)data/\d+$")

@@ -22,11 +22,19 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _layout
-from ._commit import IO_FAILED, OK, WRITER_FAILED, Save, report, write_metadata, write_part
-from ._json_collectives import all_gather_json
-from ._remote_store import RemoteRoot, RemoteStoreError
-from ._writer_client import WriterProcess
+from resiliency.checkpoint._collectives.json_exchange import all_gather_json
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._engine.commit import (
+    IO_FAILED,
+    OK,
+    WRITER_FAILED,
+    Save,
+    report,
+    write_metadata,
+    write_part,
+)
+from resiliency.checkpoint._remote.store import RemoteRoot, RemoteStoreError
+from resiliency.checkpoint._writer.client import WriterProcess
 
 logger = logging.getLogger(__name__)
 

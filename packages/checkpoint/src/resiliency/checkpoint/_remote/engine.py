@@ -23,13 +23,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _agree, _events, _json_collectives, _remote_commit, _remote_read
-from ._commit import Save
-from ._remote_store import RemoteRoot, RemoteStoreError
-from ._writer_client import STARTUP_TIMEOUT_S, WriterProcess
-from .errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
-from .manager import CheckpointManager
-from .tiers import PersistentTier
+from resiliency.checkpoint import _events
+from resiliency.checkpoint._collectives import agree as _agree
+from resiliency.checkpoint._collectives import json_exchange as _json_collectives
+from resiliency.checkpoint._engine.commit import Save
+from resiliency.checkpoint._remote import commit as _remote_commit
+from resiliency.checkpoint._remote import read as _remote_read
+from resiliency.checkpoint._remote.store import RemoteRoot, RemoteStoreError
+from resiliency.checkpoint._writer.client import STARTUP_TIMEOUT_S, WriterProcess
+from resiliency.checkpoint.errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from resiliency.checkpoint.manager import CheckpointManager
+from resiliency.checkpoint.tiers import PersistentTier
 
 logger = logging.getLogger("resiliency.checkpoint.manager")
 

@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from ._remote_store import RemoteRoot, RemoteStoreError
-from ._verified_read import CorruptShardError, VerifyingReader, corruption_in
+from resiliency.checkpoint._read.verified import CorruptShardError, VerifyingReader, corruption_in
+from resiliency.checkpoint._remote.store import RemoteRoot, RemoteStoreError
 
 logger = logging.getLogger(__name__)
 

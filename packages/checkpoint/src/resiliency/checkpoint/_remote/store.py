@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import _layout
-from .errors import CheckpointError
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``CheckpointManager(root_or_None, tiers=[...])`` builds one of these and forwards every public
 call to it. The persistent tier is an ordinary (single-tier) ``CheckpointManager``; the local
-tier is a :class:`~resiliency.checkpoint._local_tier.LocalSaver`. Each tier has at most one save
+tier is a :class:`~resiliency.checkpoint._tiers.local.LocalSaver`. Each tier has at most one save
 in flight; a step due on both tiers is staged for both.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _dcp, _tiered_restore
-from ._local_tier import LocalSave, LocalSaver
-from .errors import CheckpointError, SaveFailedError
-from .tiers import LocalTier, PersistentTier
+from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._tiers import restore as _tiered_restore
+from resiliency.checkpoint._tiers.local import LocalSave, LocalSaver
+from resiliency.checkpoint.errors import CheckpointError, SaveFailedError
+from resiliency.checkpoint.tiers import LocalTier, PersistentTier
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,8 @@ class TieredCheckpoints:
         writer_timeout_s: float,
         control_group: dist.ProcessGroup | None,
     ) -> None:
-        from ._remote_manager import RemoteCheckpointManager  # noqa: PLC0415 -- as below
-        from .manager import CheckpointManager  # noqa: PLC0415 -- the manager imports us
+        from resiliency.checkpoint._remote.engine import RemoteCheckpointManager  # noqa: PLC0415 -- as below
+        from resiliency.checkpoint.manager import CheckpointManager  # noqa: PLC0415 -- the manager imports us
 
         self.local_tier, self.persistent_tier = _split(root, tiers)
         self.async_save = async_save
@@ -191,7 +192,7 @@ class TieredCheckpoints:
 
     def steps(self) -> list[int]:
         """Steps this rank sees committed on any tier (a listing; ``load`` verifies)."""
-        from . import _holdings  # noqa: PLC0415
+        from resiliency.checkpoint._tiers import holdings as _holdings  # noqa: PLC0415
 
         found: set[int] = set()
         if self.local is not None:

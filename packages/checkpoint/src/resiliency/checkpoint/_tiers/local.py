@@ -38,11 +38,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _dcp, _events, _holdings, _layout, _protocol, _replicate, _staging
-from ._root_check import ensure_writable
-from ._writer_client import STARTUP_TIMEOUT_S, WriterDiedError, WriterHungError, WriterProcess
-from .errors import SaveFailedError, WriterFailedError
-from .tiers import LocalTier
+from resiliency.checkpoint import _events
+from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._engine import staging as _staging
+from resiliency.checkpoint._engine.root_check import ensure_writable
+from resiliency.checkpoint._tiers import holdings as _holdings
+from resiliency.checkpoint._tiers import replicate as _replicate
+from resiliency.checkpoint._writer import protocol as _protocol
+from resiliency.checkpoint._writer.client import (
+    STARTUP_TIMEOUT_S,
+    WriterDiedError,
+    WriterHungError,
+    WriterProcess,
+)
+from resiliency.checkpoint.errors import SaveFailedError, WriterFailedError
+from resiliency.checkpoint.tiers import LocalTier
 
 logger = logging.getLogger(__name__)
 

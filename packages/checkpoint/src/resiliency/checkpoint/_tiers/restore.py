@@ -28,8 +28,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import _events, _holdings, _json_collectives, _layout, _replicate, _verified_read
-from .errors import CheckpointCorruptError, NoCheckpointError
+from resiliency.checkpoint import _events
+from resiliency.checkpoint._collectives import json_exchange as _json_collectives
+from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._read import verified as _verified_read
+from resiliency.checkpoint._tiers import holdings as _holdings
+from resiliency.checkpoint._tiers import replicate as _replicate
+from resiliency.checkpoint.errors import CheckpointCorruptError, NoCheckpointError
 
 logger = logging.getLogger(__name__)
 

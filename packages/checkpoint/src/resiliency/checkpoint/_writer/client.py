@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from . import _protocol
+from resiliency.checkpoint._writer import protocol as _protocol
 
 logger = logging.getLogger(__name__)
 

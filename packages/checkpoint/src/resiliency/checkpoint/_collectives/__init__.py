@@ -1,0 +1,1 @@
+"""Small CPU collectives (gloo tensors, never pickles) through which the ranks agree."""

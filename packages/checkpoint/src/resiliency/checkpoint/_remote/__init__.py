@@ -1,0 +1,1 @@
+"""The object-store engine (fsspec): spool, upload, commit by marker, verified download."""
