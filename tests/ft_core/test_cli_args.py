@@ -38,6 +38,9 @@ SAMPLES: dict[str, tuple[str, object]] = {
     "stack_dump_signal": ("USR1", signal.SIGUSR1),
     "stack_dump_timeout": ("0.1", 0.1),
     "termination_grace_period": ("0", 0.0),
+    "max_no_progress_cycles": ("0", 0),
+    "restart_storm_restarts": ("4", 4),
+    "restart_storm_window": ("60", 60.0),
 }
 
 

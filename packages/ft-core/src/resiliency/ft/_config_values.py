@@ -75,6 +75,7 @@ def _log_level_name(level: int) -> str | int:
 
 
 Seconds = Annotated[float, BeforeValidator(reject_bool), Field(gt=0, allow_inf_nan=False)]
+NonNegativeInt = Annotated[int, BeforeValidator(reject_bool), Field(ge=0)]
 NonNegativeSeconds = Annotated[
     float, BeforeValidator(reject_bool), Field(ge=0, allow_inf_nan=False)
 ]

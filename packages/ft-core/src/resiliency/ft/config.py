@@ -35,6 +35,7 @@ from resiliency.ft._config_errors import (
 from resiliency.ft._config_values import (
     UNCATCHABLE_SIGNALS,
     LogLevel,
+    NonNegativeInt,
     NonNegativeSeconds,
     Seconds,
     Signal,
@@ -150,6 +151,21 @@ class FaultToleranceConfig(BaseModel):
     termination_grace_period: NonNegativeSeconds = Field(
         5.0,
         description="Time between rank_termination_signal and SIGKILL.",
+    )
+    max_no_progress_cycles: NonNegativeInt = Field(
+        3,
+        description="ft-launcher stops the job (exit 6) once this many consecutive failed "
+        "cycles have the same diagnosis: class, culprit ranks and cause (exception type and "
+        "message, hung frame, or signal). NVIDIA's name. 0: never.",
+    )
+    restart_storm_restarts: NonNegativeInt = Field(
+        10,
+        description="ft-launcher stops the job (exit 6) when a failure would make this many "
+        "restarts within restart_storm_window, plus one. 0: never.",
+    )
+    restart_storm_window: Seconds = Field(
+        600.0,
+        description="The window of restart_storm_restarts, in seconds.",
     )
 
     def __init__(self, **data: Any) -> None:
