@@ -1,5 +1,6 @@
-"""Fixtures of the supervisor tests: a real TCPStore, a real etcd (skipped without the binary),
-and both behind one parametrized ``backend_url`` fixture. Every process is cleaned up by pid."""
+"""Fixtures of the supervisor tests: a real TCPStore, a real etcd, a real etcd with TLS and
+authentication on (skipped without the binaries), all three behind one parametrized
+``backend_url`` fixture. Every process is cleaned up by pid."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from secure_etcd import ETCDCTL, OPENSSL, SecureEtcd
 
 from resiliency.supervisor import Backend, backend_from_url
 
 ETCD = shutil.which("etcd")
 SKIP_ETCD = "the etcd binary is not installed (apt-get install etcd-server)"
+SKIP_TLS = "the TLS etcd needs etcdctl and openssl (apt-get install etcd-client openssl)"
 
 
 def free_port() -> int:
@@ -85,11 +88,26 @@ class EtcdServer:
 
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    if ETCD is None:
-        if os.environ.get("RESILIENCY_REQUIRE_ETCD") == "1":  # set by .ci/run: CI must run them
-            pytest.fail(SKIP_ETCD + ", but RESILIENCY_REQUIRE_ETCD=1")
-        pytest.skip(SKIP_ETCD)
+    _require(ETCD is None, SKIP_ETCD)
     server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
+    yield server
+    server.stop()
+
+
+def _require(missing: bool, reason: str) -> None:
+    if not missing:
+        return
+    if os.environ.get("RESILIENCY_REQUIRE_ETCD") == "1":  # set by .ci/run: CI must run them
+        pytest.fail(reason + ", but RESILIENCY_REQUIRE_ETCD=1")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    """etcd over https only, client certificates required, authentication (RBAC) on."""
+    _require(ETCD is None, SKIP_ETCD)
+    _require(ETCDCTL is None or OPENSSL is None, SKIP_TLS)
+    server = SecureEtcd(tmp_path_factory.mktemp("etcd-tls"), str(ETCD), free_port)
     yield server
     server.stop()
 
@@ -105,16 +123,21 @@ def tcp_server() -> Iterator[Backend]:
 _JOBS = iter(range(1_000_000))
 
 
-@pytest.fixture(params=["tcp", "etcd"])
+@pytest.fixture(params=["tcp", "etcd", "etcd-tls"])
 def backend_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh job namespace on each real backend."""
+    """A fresh job namespace on each real backend; on ``etcd-tls`` with a client certificate
+    and a user whose only role is the job's prefix."""
     job = f"t{os.getpid()}-{next(_JOBS)}"
     if request.param == "tcp":
         host = request.getfixturevalue("tcp_server")
         yield f"tcp://127.0.0.1:{host.port}/{job}"
-    else:
+    elif request.param == "etcd":
         server = request.getfixturevalue("etcd_server")
         yield server.url(job)
+    else:
+        secure: SecureEtcd = request.getfixturevalue("secure_etcd")
+        user, password = secure.add_job(job)
+        yield secure.url(job, user=f"{user}:{password}")
 
 
 @pytest.fixture

@@ -6,7 +6,13 @@ intents the nodes' launchers act on; each launcher serves a Prometheus status en
 See ``docs/supervisor.md``.
 """
 
-from resiliency.supervisor.backend import Backend, BackendURL, backend_from_url, parse_backend_url
+from resiliency.supervisor.backend import (
+    ETCD_URL_OPTIONS,
+    Backend,
+    BackendURL,
+    parse_backend_url,
+)
+from resiliency.supervisor.connect import backend_from_url
 from resiliency.supervisor.controller import Controller, CycleStats
 from resiliency.supervisor.document import (
     DOC_VERSION,
@@ -17,13 +23,22 @@ from resiliency.supervisor.document import (
     keys_for,
 )
 from resiliency.supervisor.errors import (
+    BackendAuthError,
     BackendError,
+    BackendTLSError,
     BackendUnavailableError,
     PolicyError,
+    StaleGenerationError,
     SupervisorError,
 )
+from resiliency.supervisor.generation import (
+    Generation,
+    claim_generation,
+    default_issuer,
+    read_generation,
+)
 from resiliency.supervisor.gpu import CRITICAL_XIDS, GpuWatch
-from resiliency.supervisor.intents import ACTIONS, Intent, read_intent, write_intent
+from resiliency.supervisor.intents import ACTIONS, Intent, read_intent, refusal, write_intent
 from resiliency.supervisor.metrics import StatusServer, start_status_server
 from resiliency.supervisor.policies import (
     Decision,
@@ -44,14 +59,18 @@ __all__ = [
     "CRITICAL_XIDS",
     "DEFAULT_INTERVAL_S",
     "DOC_VERSION",
+    "ETCD_URL_OPTIONS",
     "NODE_STATES",
     "Backend",
+    "BackendAuthError",
     "BackendError",
+    "BackendTLSError",
     "BackendURL",
     "BackendUnavailableError",
     "Controller",
     "CycleStats",
     "Decision",
+    "Generation",
     "GpuDevice",
     "GpuHealthPolicy",
     "GpuWatch",
@@ -66,15 +85,20 @@ __all__ = [
     "Probe",
     "RankStatus",
     "RepeatedFailurePolicy",
+    "StaleGenerationError",
     "StatusServer",
     "StragglerPolicy",
     "SupervisorError",
     "backend_from_url",
+    "claim_generation",
+    "default_issuer",
     "job_rows",
     "keys_for",
     "load_policies",
     "parse_backend_url",
+    "read_generation",
     "read_intent",
+    "refusal",
     "render_table",
     "start_status_server",
     "write_intent",

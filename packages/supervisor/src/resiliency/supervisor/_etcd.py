@@ -8,23 +8,48 @@
 - listing: one range request over the prefix.
 - watch: ``wait_for_change`` reads the key with its revision, then watches from the next
   revision until the deadline (no polling).
-- compare-and-set: one transaction (compare the value, or the create revision for "absent").
+- compare-and-set: one transaction (compare the value, or the create revision for "absent");
+  guarded by the job's generation: one transaction with both compares.
+- security: https with the CA, client certificate and key of :mod:`._etcd_auth`; an etcd user
+  authenticates once (``/auth/authenticate``) and its token rides on every request, renewed
+  when etcd says it expired. The HTTP session ignores ``REQUESTS_CA_BUNDLE`` and proxies from
+  the environment (``trust_env`` off): requests would otherwise verify etcd against that bundle
+  instead of the CA given. A TLS failure is an error, never a retry over plain HTTP.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
+import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from resiliency.supervisor._etcd_auth import (
+    ENV_VARS,
+    EtcdCredentials,
+    explain_tls_failure,
+    resolve_credentials,
+)
 from resiliency.supervisor.backend import Backend, BackendURL
-from resiliency.supervisor.errors import BackendError, BackendUnavailableError
+from resiliency.supervisor.errors import (
+    BackendAuthError,
+    BackendError,
+    BackendTLSError,
+    BackendUnavailableError,
+)
 
 __all__ = ["EtcdBackend"]
 
+logger = logging.getLogger(__name__)
+
 _MIN_TTL_S = 2
+#: etcd's gRPC gateway answers this (HTTP 400) to a client certificate with a Common Name.
+_GATEWAY_CN = "CommonName of client sending a request against gateway"
 
 
 def _b64(data: str | bytes) -> str:
@@ -38,42 +63,172 @@ def _prefix_end(prefix: str) -> str:
     return _b64(bytes(raw))
 
 
+def _compare(key: str, expected: bytes | None) -> dict[str, Any]:
+    """A transaction compare: ``key`` holds ``expected`` (None: the key does not exist)."""
+    if expected is None:
+        return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}
+    return {"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(expected)}
+
+
 class EtcdBackend(Backend):
     """Supervision state in etcd v3.
 
     Args:
-        url: etcd's client endpoint (its gRPC gateway is on the same port) and the namespace.
+        url: etcd's client endpoint (its gRPC gateway is on the same port), the namespace, and
+            the TLS files and user (URL options, else the ``ETCDCTL_*`` variables).
         timeout: seconds for every request.
+
+    Raises:
+        BackendTLSError: a TLS file is unusable, or the handshake failed (named check).
+        BackendAuthError: etcd refused the user, or the user may not read the job's prefix.
+        BackendUnavailableError: etcd cannot be reached, or etcd3gw is not installed.
     """
 
     def __init__(self, url: BackendURL, *, timeout: float = 10.0) -> None:
         super().__init__(url)
         try:
             import etcd3gw  # noqa: PLC0415 - optional extra
+            import requests  # noqa: PLC0415 - etcd3gw's own dependency
             from etcd3gw import exceptions as etcd_exceptions  # noqa: PLC0415
         except ImportError as exc:
             raise BackendUnavailableError(
                 "the etcd backend needs the etcd3gw package (the 'etcd' extra of "
                 "resiliency-supervisor): pip install etcd3gw"
             ) from exc
+        self._etcd_error = etcd_exceptions.Etcd3Exception
         self._errors: tuple[type[BaseException], ...] = (
             etcd_exceptions.Etcd3Exception,
             OSError,
         )
         self._watch_timeout = etcd_exceptions.WatchTimedOut
-        self._client = etcd3gw.Etcd3Client(host=url.host, port=url.port, timeout=timeout)
+        self.credentials: EtcdCredentials = resolve_credentials(url)
+        creds = self.credentials
+        session = requests.Session()
+        session.trust_env = False
+        if creds.cacert is not None:
+            session.verify = creds.cacert
+        if creds.cert is not None and creds.key is not None:
+            session.cert = (creds.cert, creds.key)
+        self._client = etcd3gw.Etcd3Client(
+            host=url.host,
+            port=url.port,
+            protocol="https" if creds.tls else "http",
+            timeout=timeout,
+            session=session,
+        )
         self._lock = threading.Lock()
         self._leases: dict[int, tuple[int, float]] = {}  # ttl -> (lease id, last refresh)
         try:
-            self._client.status()
-        except self._errors as exc:
-            raise BackendUnavailableError(f"cannot reach etcd at {url}: {exc}") from exc
+            self._connect()
+        except BaseException:
+            session.close()
+            raise
 
-    def _post(self, op: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _connect(self) -> None:
+        creds, url = self.credentials, self.url
+        try:
+            self._client.status()
+        except self._etcd_error as exc:
+            raise self._translate("connect", None, exc) from None
+        except OSError as exc:
+            raise BackendUnavailableError(f"cannot reach etcd at {url}: {exc}") from exc
+        if creds.user is not None:
+            self._authenticate()
+        # Fail now, not in a sensor thread later: this user may read the job's prefix.
+        ns = self.namespace
+        self._post(
+            "range",
+            "/kv/range",
+            {"key": _b64(ns), "range_end": _prefix_end(ns), "count_only": True},
+            key=ns,
+        )
+        tls = "plain HTTP"
+        if creds.tls:
+            tls = f"TLS, CA {creds.cacert}"
+            tls += f", client certificate {creds.cert}" if creds.cert else ""
+        user = f"user {creds.user}" if creds.user else "no user"
+        logger.info("etcd at %s:%d: %s, %s", url.host, url.port, tls, user)
+
+    def _authenticate(self) -> None:
+        creds = self.credentials
+        try:
+            answer = self._client.post(
+                self._client.get_url("/auth/authenticate"),
+                json={"name": creds.user, "password": creds.password},
+            )
+        except self._etcd_error as exc:
+            raise self._translate("authenticate", None, exc) from None
+        except OSError as exc:
+            raise BackendUnavailableError(f"cannot reach etcd at {self.url}: {exc}") from exc
+        self._client.session.headers["Authorization"] = str(answer["token"])
+
+    def _translate(  # noqa: PLR0911 - one return per check that can fail
+        self, op: str, key: str | None, exc: BaseException
+    ) -> BackendError:
+        """Turn an etcd3gw error into this package's, naming the check that failed."""
+        detail = str(getattr(exc, "detail_text", None) or exc)
+        creds, url = self.credentials, self.url
+        where = f"etcd {op}" + (f" of {key!r}" if key else "") + f" at {url.host}:{url.port}"
+        message = detail
+        with contextlib.suppress(ValueError, AttributeError):  # etcd's JSON error, when it is
+            message = str(json.loads(detail).get("message", detail))
+        if _GATEWAY_CN in detail:
+            return BackendTLSError(
+                f"{where}: etcd's gRPC gateway (which this backend speaks) refuses client "
+                f"certificate {creds.where('cert')} because it has a Common Name: etcd would "
+                "ignore it there. Issue the client certificate without a CN (e.g. subject "
+                "'/O=<job>') and authenticate as the job's etcd user (user=NAME or "
+                f"{ENV_VARS['user']})"
+            )
+        if "SSL" in detail or "certificate" in detail.lower():
+            return BackendTLSError(explain_tls_failure(detail, creds, url))
+        if "authentication failed" in message:
+            return BackendAuthError(
+                f"{where}: user {creds.user!r} ({creds.origin.get('user')}) was refused: "
+                "wrong user name or password"
+            )
+        if "user name is empty" in message:
+            return BackendAuthError(
+                f"{where}: etcd's authentication is on and this client gave no user: give the "
+                f"job's etcd user (user=NAME:PASSWORD in the URL, or {ENV_VARS['user']})"
+            )
+        if "permission denied" in message:
+            return BackendAuthError(
+                f"{where}: permission denied to user {creds.user!r}: its roles do not cover "
+                f"this key. The job's prefix is {self.namespace!r}: check the job name in the "
+                "URL, or grant the user the job's role (docs/supervisor.md, Security)"
+            )
+        if "Connection aborted" in detail and not creds.tls:
+            return BackendUnavailableError(
+                f"{where}: the connection was closed without an answer; if etcd serves TLS, "
+                f"give its CA (cacert=PATH or {ENV_VARS['cacert']}): {detail}"
+            )
+        if op == "connect":
+            return BackendUnavailableError(f"cannot reach etcd at {url}: {message}")
+        return BackendUnavailableError(f"{where} failed: {message}")
+
+    def _post(
+        self, op: str, path: str, payload: dict[str, Any], *, key: str | None = None
+    ) -> dict[str, Any]:
         self.ops[op] += 1
         try:
+            return self._send(op, path, payload)
+        except self._etcd_error as exc:
+            detail = str(getattr(exc, "detail_text", None) or exc)
+            if self.credentials.user is None or "invalid auth token" not in detail:
+                raise self._translate(op, key, exc) from None
+        # The token expired (etcd's --auth-token-ttl of idleness): log in again, once.
+        logger.info("etcd token of user %s expired; authenticating again", self.credentials.user)
+        self._authenticate()
+        try:
+            return self._send(op, path, payload)
+        except self._etcd_error as exc:
+            raise self._translate(op, key, exc) from None
+
+    def _send(self, op: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
             result: dict[str, Any] = self._client.post(self._client.get_url(path), json=payload)
-        except self._errors as exc:
+        except OSError as exc:
             raise BackendUnavailableError(f"etcd {op} at {self.url} failed: {exc}") from exc
         return result
 
@@ -101,10 +256,10 @@ class EtcdBackend(Backend):
         payload: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if ttl is not None:
             payload["lease"] = self._lease_id(ttl)
-        self._post("put", "/kv/put", payload)
+        self._post("put", "/kv/put", payload, key=key)
 
     def _range(self, key: str) -> tuple[bytes | None, int]:
-        answer = self._post("range", "/kv/range", {"key": _b64(key)})
+        answer = self._post("range", "/kv/range", {"key": _b64(key)}, key=key)
         revision = int(answer.get("header", {}).get("revision", 0))
         kvs = answer.get("kvs") or []
         if not kvs:
@@ -120,7 +275,10 @@ class EtcdBackend(Backend):
         if not prefix.endswith("/"):
             raise BackendError(f"list() needs a prefix ending with '/', got {prefix!r}")
         answer = self._post(
-            "range", "/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+            "range",
+            "/kv/range",
+            {"key": _b64(prefix), "range_end": _prefix_end(prefix)},
+            key=prefix,
         )
         out = {}
         for kv in answer.get("kvs") or []:
@@ -131,31 +289,27 @@ class EtcdBackend(Backend):
 
     def compare_and_set(self, key: str, expected: bytes | None, new: bytes) -> bool:
         """See :meth:`Backend.compare_and_set` (one transaction)."""
-        if expected is None:
-            compare = {
-                "key": _b64(key),
-                "result": "EQUAL",
-                "target": "CREATE",
-                "create_revision": 0,
-            }
-        else:
-            compare = {
-                "key": _b64(key),
-                "result": "EQUAL",
-                "target": "VALUE",
-                "value": _b64(expected),
-            }
+        return self._txn(key, [_compare(key, expected)], new)
+
+    def guarded_compare_and_set(
+        self, key: str, expected: bytes | None, new: bytes, *, guard: tuple[str, bytes]
+    ) -> bool:
+        """See :meth:`Backend.guarded_compare_and_set` (one transaction, both compares)."""
+        guard_key, guard_value = guard
+        return self._txn(key, [_compare(key, expected), _compare(guard_key, guard_value)], new)
+
+    def _txn(self, key: str, compares: Sequence[dict[str, Any]], new: bytes) -> bool:
         txn = {
-            "compare": [compare],
+            "compare": list(compares),
             "success": [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
             "failure": [],
         }
-        answer = self._post("txn", "/kv/txn", txn)
+        answer = self._post("txn", "/kv/txn", txn, key=key)
         return bool(answer.get("succeeded", False))
 
     def delete(self, key: str) -> None:
         """See :meth:`Backend.delete`."""
-        self._post("delete", "/kv/deleterange", {"key": _b64(key)})
+        self._post("delete", "/kv/deleterange", {"key": _b64(key)}, key=key)
 
     def wait_for_change(self, key: str, current: bytes | None, timeout: float) -> bytes | None:
         """See :meth:`Backend.wait_for_change` (a watch from the next revision)."""
@@ -171,7 +325,9 @@ class EtcdBackend(Backend):
             self._client.watch_once(key, timeout=left, start_revision=revision + 1)
         except self._watch_timeout:
             return current
-        except self._errors as exc:
+        except self._etcd_error as exc:
+            raise self._translate("watch", key, exc) from None
+        except OSError as exc:
             raise BackendUnavailableError(f"etcd watch at {self.url} failed: {exc}") from exc
         return self.get(key)
 

@@ -13,23 +13,29 @@ Every backend counts its round trips to the engine in :attr:`Backend.ops` (by op
 the benchmark and the docs can state the store load precisely.
 
 URLs: ``tcp://HOST:PORT[/JOB]`` (a c10d ``TCPStore``, default scheme) and
-``etcd://HOST:PORT[/JOB]`` (etcd v3, the ``etcd`` extra). ``/JOB`` names the key namespace; it
-defaults to ``default``.
+``etcd://HOST:PORT[/JOB][?cacert=..&cert=..&key=..&user=..]`` (etcd v3, the ``etcd`` extra; the
+query names TLS files and the etcd user, see :mod:`resiliency.supervisor._etcd_auth`). ``/JOB``
+names the key namespace; it defaults to ``default``. :func:`resiliency.supervisor.connect.
+backend_from_url` connects to the engine a URL names.
 """
 
 from __future__ import annotations
 
 import abc
 import collections
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
 
 from resiliency.supervisor.errors import BackendError
 
-__all__ = ["Backend", "BackendURL", "backend_from_url", "parse_backend_url"]
+__all__ = ["ETCD_URL_OPTIONS", "Backend", "BackendURL", "parse_backend_url"]
 
 DEFAULT_SCHEME = "tcp"
 _DEFAULT_PORTS = {"tcp": 29500, "etcd": 2379}
+#: Query parameters of an ``etcd://`` URL: the CA that signs the server's certificate, this
+#: client's certificate and key (PEM files), and the etcd user (``NAME`` or ``NAME:PASSWORD``).
+#: Each defaults to the ``ETCDCTL_*`` variable of the same meaning. A TCPStore takes none.
+ETCD_URL_OPTIONS = ("cacert", "cert", "key", "user")
 
 
 @dataclass(frozen=True)
@@ -41,19 +47,33 @@ class BackendURL:
         host: the engine's host.
         port: the engine's port.
         job: the key namespace (one job per namespace).
+        options: the URL's query parameters (``etcd://`` only, names in
+            :data:`ETCD_URL_OPTIONS`), in URL order. Never printed whole: a password in
+            ``user=NAME:PASSWORD`` stays out of logs.
     """
 
     scheme: str
     host: str
     port: int
     job: str
+    options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def option(self, name: str) -> str | None:
+        """The value of query parameter ``name`` (None: not in the URL)."""
+        return dict(self.options).get(name)
 
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}/{self.job}"
+        text = f"{self.scheme}://{self.host}:{self.port}/{self.job}"
+        if self.options:
+            # The user's name is shown, never a password given with it.
+            shown = [f"{k}={v.split(':', 1)[0] if k == 'user' else v}" for k, v in self.options]
+            text += "?" + "&".join(shown)
+        return text
 
 
 def parse_backend_url(url: str) -> BackendURL:
-    """Parse ``tcp://HOST:PORT[/JOB]`` or ``etcd://HOST:PORT[/JOB]`` (``HOST:PORT`` means tcp).
+    """Parse ``tcp://HOST:PORT[/JOB]`` or ``etcd://HOST:PORT[/JOB][?OPTIONS]`` (``HOST:PORT``
+    means tcp).
 
     Args:
         url: the URL.
@@ -62,7 +82,8 @@ def parse_backend_url(url: str) -> BackendURL:
         The parsed URL.
 
     Raises:
-        BackendError: unknown scheme, missing host, or a bad port.
+        BackendError: unknown scheme, missing host, a bad port, or an unknown, repeated or
+            misplaced query parameter (a typo in a TLS option is an error, never ignored).
     """
     text = url.strip()
     if "://" not in text:
@@ -75,7 +96,8 @@ def parse_backend_url(url: str) -> BackendURL:
             "c10d TCPStore) or etcd://HOST:PORT"
         )
     try:
-        port = parts.port or _DEFAULT_PORTS[scheme]
+        # Port 0 is a real request (any free port, for a store this process hosts).
+        port = parts.port if parts.port is not None else _DEFAULT_PORTS[scheme]
     except ValueError as exc:
         raise BackendError(f"bad port in backend URL {url!r}: {exc}") from None
     if not parts.hostname:
@@ -83,7 +105,34 @@ def parse_backend_url(url: str) -> BackendURL:
     job = parts.path.strip("/") or "default"
     if "/" in job:
         raise BackendError(f"backend URL {url!r}: the job name must not contain '/'")
-    return BackendURL(scheme, parts.hostname, port, job)
+    return BackendURL(scheme, parts.hostname, port, job, _options(scheme, parts.query, url))
+
+
+def _options(scheme: str, query: str, url: str) -> tuple[tuple[str, str], ...]:
+    # Shown without its query: a password may be in it.
+    where = url.split("?", 1)[0]
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise BackendError(f"backend URL {where}: malformed query: {exc}") from None
+    if pairs and scheme != "etcd":
+        raise BackendError(
+            f"backend URL {where}: a {scheme}:// backend takes no options (got "
+            f"{', '.join(k for k, _ in pairs)}); TLS and users are etcd:// options"
+        )
+    seen: set[str] = set()
+    for key, value in pairs:
+        if key not in ETCD_URL_OPTIONS:
+            raise BackendError(
+                f"backend URL {where}: unknown option {key!r}; etcd:// takes "
+                f"{', '.join(ETCD_URL_OPTIONS)}"
+            )
+        if key in seen:
+            raise BackendError(f"backend URL {where}: option {key!r} given twice")
+        if not value:
+            raise BackendError(f"backend URL {where}: option {key!r} is empty")
+        seen.add(key)
+    return tuple(pairs)
 
 
 class Backend(abc.ABC):
@@ -139,6 +188,30 @@ class Backend(abc.ABC):
             True when the value was set.
         """
 
+    def guarded_compare_and_set(
+        self, key: str, expected: bytes | None, new: bytes, *, guard: tuple[str, bytes]
+    ) -> bool:
+        """Set ``key`` to ``new`` if its value is ``expected`` and ``guard``'s key holds its value.
+
+        Used to fence a stale writer: the guard is the job's generation key. This default reads
+        the guard, then compares and sets: two round trips, so a guard changed between them is
+        not seen (the reader of ``key`` checks the generation again). etcd does it in one
+        transaction.
+
+        Args:
+            key: the key to set.
+            expected: its expected value (None: absent).
+            new: the new value.
+            guard: ``(key, value)`` that must hold.
+
+        Returns:
+            True when the value was set.
+        """
+        guard_key, guard_value = guard
+        if self.get(guard_key) != guard_value:
+            return False
+        return self.compare_and_set(key, expected, new)
+
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error when absent)."""
@@ -159,29 +232,3 @@ class Backend(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def backend_from_url(url: str, *, timeout: float = 10.0, server: bool = False) -> Backend:
-    """Connect to the backend a URL names.
-
-    Args:
-        url: ``tcp://HOST:PORT[/JOB]`` or ``etcd://HOST:PORT[/JOB]``.
-        timeout: seconds every round trip (and the connection) may take.
-        server: for ``tcp://`` only: host the ``TCPStore`` in this process instead of
-            connecting to the job's (used by a stand-alone controller and by tests).
-
-    Returns:
-        The connected backend.
-
-    Raises:
-        BackendError: the URL is invalid.
-        BackendUnavailableError: the engine cannot be reached, or its client is missing.
-    """
-    parsed = parse_backend_url(url)
-    if parsed.scheme == "etcd":
-        from resiliency.supervisor._etcd import EtcdBackend  # noqa: PLC0415 - optional extra
-
-        return EtcdBackend(parsed, timeout=timeout)
-    from resiliency.supervisor._tcpstore import TcpStoreBackend  # noqa: PLC0415 - loads torch
-
-    return TcpStoreBackend(parsed, timeout=timeout, server=server)

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from resiliency.supervisor.backend import backend_from_url
+from resiliency.supervisor.connect import backend_from_url
 from resiliency.supervisor.controller import Controller
-from resiliency.supervisor.errors import SupervisorError
+from resiliency.supervisor.errors import StaleGenerationError, SupervisorError
 from resiliency.supervisor.policies import load_policies
 from resiliency.supervisor.status_table import job_rows, render_table
 
@@ -78,8 +78,12 @@ def _controller(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         ", ".join(p.name for p in policies),
         controller.interval,
     )
-    controller.run(max_cycles=args.cycles)
-    backend.close()
+    try:
+        controller.run(max_cycles=args.cycles)
+    except StaleGenerationError:
+        return 1  # logged by the controller: a newer one runs
+    finally:
+        backend.close()
     return 0
 
 

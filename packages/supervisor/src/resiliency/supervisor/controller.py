@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from resiliency.supervisor.backend import Backend
 from resiliency.supervisor.document import NodeStatus, keys_for
-from resiliency.supervisor.errors import SupervisorError
+from resiliency.supervisor.errors import StaleGenerationError, SupervisorError
+from resiliency.supervisor.generation import Generation, claim_generation, default_issuer
 from resiliency.supervisor.intents import Intent, write_intent
 from resiliency.supervisor.policies import Decision, NodeView, Observation, Policy
 
@@ -52,6 +53,12 @@ class Controller:
         policies: the policies, asked in order each cycle.
         interval: seconds between cycles.
         recorder: a goodput recorder (None: ``resiliency.goodput.get_recorder()``).
+        issuer: names this controller in its intents (None: ``controller@HOST:PID``).
+
+    Attributes:
+        generation: the job's generation this controller claimed (None until its first
+            cycle). A newer controller's claim makes this one stale: its next intent raises
+            :class:`~resiliency.supervisor.errors.StaleGenerationError` and :meth:`run` ends.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class Controller:
         *,
         interval: float = 5.0,
         recorder: object | None = None,
+        issuer: str | None = None,
     ) -> None:
         self.backend = backend
         self.policies = policies
@@ -77,6 +85,19 @@ class Controller:
         self._pending: dict[str, tuple[Intent, float, int]] = {}
         self.decisions: list[Decision] = []
         self._stop = threading.Event()
+        self.issuer = issuer or default_issuer()
+        self.generation: Generation | None = None
+
+    def claim(self) -> Generation:
+        """Claim the job's next generation (done by the first :meth:`cycle` when not yet)."""
+        self.generation = claim_generation(self.backend, self.issuer)
+        logger.info(
+            "controller %s acts for job %s as generation %d",
+            self.issuer,
+            self.backend.url.job,
+            self.generation.number,
+        )
+        return self.generation
 
     def _read(self, prefix: str) -> dict[str, NodeStatus]:
         out = {}
@@ -130,8 +151,14 @@ class Controller:
         return Observation(views, lost, ttl=ttl)
 
     def cycle(self) -> CycleStats:
-        """Run one cycle: observe, decide, write intents."""
+        """Run one cycle: observe, decide, write intents.
+
+        Raises:
+            StaleGenerationError: a newer controller claimed the job.
+        """
         start = time.perf_counter()
+        if self.generation is None:
+            self.claim()
         obs = self.observe()
         decisions: list[Decision] = []
         for policy in self.policies:
@@ -175,7 +202,6 @@ class Controller:
             decision.reason,
             json.dumps(decision.evidence, sort_keys=True),
         )
-        self._emit(decision)
         intent = write_intent(
             self.backend,
             decision.node,
@@ -183,7 +209,9 @@ class Controller:
             decision.policy,
             decision.reason,
             decision.evidence,
-        )
+            generation=self.generation,
+        )  # a stale controller raises here: no goodput event for a decision it cannot carry out
+        self._emit(decision)
         if intent is None:
             logger.warning("node %s: another controller wrote its intent first", decision.node)
             return None
@@ -207,12 +235,19 @@ class Controller:
             flush()
 
     def run(self, max_cycles: int | None = None) -> None:
-        """Cycle every :attr:`interval` seconds until :meth:`stop` (or ``max_cycles``)."""
+        """Cycle every :attr:`interval` seconds until :meth:`stop` (or ``max_cycles``).
+
+        Raises:
+            StaleGenerationError: a newer controller claimed the job (logged first).
+        """
         done = 0
         while not self._stop.is_set() and (max_cycles is None or done < max_cycles):
             started = time.monotonic()
             try:
                 self.cycle()
+            except StaleGenerationError as exc:
+                logger.error("controller %s stops: %s", self.issuer, exc)
+                raise
             except SupervisorError as exc:
                 logger.warning("controller cycle failed: %s", exc)
             done += 1

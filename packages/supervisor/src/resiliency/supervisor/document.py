@@ -7,7 +7,11 @@ Key layout, under the backend's namespace ``resiliency/<job>/``:
 - ``hosts/<node>``: the same document from ``resiliency-host-daemon`` (GPU health that must
   outlive the launcher);
 - ``intents/<node>``: the controller's latest :class:`~resiliency.supervisor.intents.Intent`
-  for that node.
+  for that node;
+- ``generation``: the generation the newest controller claimed
+  (:mod:`resiliency.supervisor.generation`).
+
+Every key of a job is under its namespace, so one etcd role on that prefix is all a job needs.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ class Keys:
     def intents(self) -> str:
         """Prefix of the intents."""
         return self.namespace + "intents/"
+
+    @property
+    def generation(self) -> str:
+        """Key of the job's generation (the newest controller's claim)."""
+        return self.namespace + "generation"
 
     def node(self, node: str) -> str:
         """Key of ``node``'s document."""

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from resiliency.supervisor.backend import backend_from_url
+from resiliency.supervisor.connect import backend_from_url
 from resiliency.supervisor.errors import SupervisorError
 from resiliency.supervisor.sensor import DEFAULT_INTERVAL_S, NodeSensor
 

@@ -11,6 +11,7 @@ at scrape time (no metric objects to keep in sync, and nothing between two scrap
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -122,7 +123,8 @@ def start_status_server(
     Args:
         latest: returns the node's latest status.
         port: the port (0: any free one).
-        host: the address to bind (loopback unless told otherwise).
+        host: the address to bind (loopback unless told otherwise; any other address is
+            logged once as a warning naming it).
 
     Returns:
         The running server.
@@ -132,4 +134,20 @@ def start_status_server(
     server, thread = start_http_server(port, addr=host, registry=registry)
     bound = int(server.server_address[1])
     logger.info("status endpoint: http://%s:%d/metrics", host, bound)
+    if not _is_loopback(host):
+        logger.warning(
+            "status endpoint bound to %s:%d, reachable from other hosts: anyone who reaches it "
+            "reads this node's status (no authentication); the default is 127.0.0.1",
+            host,
+            bound,
+        )
     return StatusServer(server, thread, host, bound)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

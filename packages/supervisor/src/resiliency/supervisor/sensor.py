@@ -22,8 +22,9 @@ from resiliency.supervisor._ledger import LedgerTail
 from resiliency.supervisor.backend import Backend
 from resiliency.supervisor.document import NodeStatus, keys_for
 from resiliency.supervisor.errors import SupervisorError
+from resiliency.supervisor.generation import read_generation
 from resiliency.supervisor.gpu import GpuWatch
-from resiliency.supervisor.intents import Intent
+from resiliency.supervisor.intents import Intent, refusal
 
 __all__ = ["DEFAULT_INTERVAL_S", "NodeSensor", "Probe"]
 
@@ -136,16 +137,37 @@ class NodeSensor:
         except SupervisorError as exc:
             logger.error("ignoring an invalid intent for node %s: %s", self.node, exc)
             return None
-        if intent.id <= self.intent_done or intent.node != self.node:
+        if intent.id <= self.intent_done:
+            return None
+        try:
+            why = refusal(
+                intent,
+                job=self.backend.url.job,
+                node=self.node,
+                generation=read_generation(self.backend),
+            )
+        except SupervisorError as exc:
+            why = f"the job's generation cannot be read: {exc}"
+        if why is not None:
+            logger.error(
+                "supervisor: refusing intent %d (%s) for node %s at %s: %s; not acted on",
+                intent.id,
+                intent.action,
+                self.node,
+                self._intent_key,
+                why,
+            )
             return None
         self.intent_done = intent.id
         logger.warning(
-            "supervisor intent %d for node %s: %s (%s: %s)",
+            "supervisor intent %d for node %s: %s (%s: %s; %s, generation %d)",
             intent.id,
             self.node,
             intent.action,
             intent.policy,
             intent.reason,
+            intent.issuer,
+            intent.generation,
         )
         if self._on_intent is not None:
             self._on_intent(intent)
