@@ -95,7 +95,13 @@ class SecureEtcd:
     whose only role is read and write on one job's prefix.
     """
 
-    def __init__(self, directory: Path, etcd: str, free_port: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        etcd: str,
+        free_port: Callable[[], int],
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.pki = Pki(directory / "pki")
         self.port = free_port()
         peer = free_port()
@@ -116,6 +122,7 @@ class SecureEtcd:
             "--trusted-ca-file", str(self.pki.ca),
             "--client-cert-auth",
             "--log-level", "warn",
+            *extra_args,
         ]
         # fmt: on
         self.proc = subprocess.Popen(

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ETCD, free_port
 from secure_etcd import SecureEtcd
 
 from resiliency.supervisor import (
@@ -186,6 +187,31 @@ def test_tls_is_never_downgraded_to_plain_http(secure_etcd: SecureEtcd):
     assert first_bytes, "the client never connected"
     # 0x16 0x03: a TLS handshake record. Never b"POST " or b"GET /".
     assert all(b[:2] == b"\x16\x03" for b in first_bytes), first_bytes
+
+
+def test_an_expired_token_is_renewed_once_and_logged(
+    tmp_path: Path, secure_etcd: SecureEtcd, caplog: pytest.LogCaptureFixture
+):
+    """etcd forgets an idle user's token after --auth-token-ttl: the next request logs in again."""
+    short = SecureEtcd(
+        tmp_path, str(ETCD), free_port, extra_args=("--auth-token-ttl", "1")
+    )  # its own etcd: the session's keeps etcd's default ttl (300 s)
+    try:
+        job = _job()
+        user, password = short.add_job(job)
+        backend = backend_from_url(short.url(job, user=f"{user}:{password}"))
+        key = backend.namespace + "nodes/n"
+        backend.put(key, b"1")
+        caplog.set_level(logging.INFO, logger="resiliency.supervisor._etcd")
+        deadline = time.monotonic() + 30
+        while not any("expired" in r.message for r in caplog.records):
+            assert time.monotonic() < deadline, "etcd never expired the token (ttl 1 s)"
+            time.sleep(1.5)  # idle longer than the token's ttl
+            assert backend.get(key) == b"1"  # answered, with a token renewed when needed
+        assert any(f"token of user {user} expired" in r.message for r in caplog.records)
+        backend.close()
+    finally:
+        short.stop()
 
 
 # -- two jobs on one etcd ------------------------------------------------------------------------

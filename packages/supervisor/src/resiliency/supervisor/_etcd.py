@@ -151,6 +151,8 @@ class EtcdBackend(Backend):
 
     def _authenticate(self) -> None:
         creds = self.credentials
+        # etcd rejects a login that carries an expired token: log in without one.
+        self._client.session.headers.pop("Authorization", None)
         try:
             answer = self._client.post(
                 self._client.get_url("/auth/authenticate"),
