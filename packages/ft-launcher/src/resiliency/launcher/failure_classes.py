@@ -1,0 +1,443 @@
+"""The class of a failed cycle, from its evidence, by a fixed table of rules (no model).
+
+Every rule reads plain evidence (exit codes, the exception type and message of the ``@record``
+error file, the hang verdict's frames, the node's OOM-kill counter and health results) and the
+first rule that matches decides. The table is :data:`RULES`; docs/launcher.md prints it. Each
+verdict names its culprit ranks and nodes and the evidence it rests on, so it can be explained
+and tested.
+
+=================  ==================================================================
+class              first matching rule (in this order)
+=================  ==================================================================
+preemption         the cycle ended because the node was preempted (the workers saved an
+                   emergency checkpoint, or the launcher was signalled to stop)
+gpu_hardware       a failed rank's error names an ECC error, an Xid or a GPU that fell off
+                   the bus, or a health check of the node failed
+oom                the kernel's OOM killer killed a process of the node during the cycle
+                   and a rank died of SIGKILL; or a rank raised ``OutOfMemoryError`` /
+                   ``MemoryError`` ("CUDA out of memory")
+config             a rank exited 78 (``EX_CONFIG``), or raised ``ImportError``,
+                   ``ModuleNotFoundError``, ``SyntaxError`` or an error whose type name
+                   ends in ``ConfigError`` / ``ConfigurationError``
+nan_inf            a rank raised ``FloatingPointError``, or its error message names a NaN
+                   or Inf loss (``loss is nan``, ``non-finite loss``)
+hang_checkpoint    a hang whose culprit frame is in checkpoint code (``checkpoint``,
+                   ``torch/serialization.py``), or whose expired section is named like a
+                   checkpoint (checkpoint, ckpt, save, load)
+hang_io            a hang whose culprit frame is in a data loader or a file read
+                   (``torch/utils/data``, ``read``, ``readinto``, ``recv``, ``open``), or
+                   whose expired section is named like data loading (data, loader, batch, io)
+hang_collective    a hang whose culprit frame, or with no culprit the frame every rank
+                   waits at, is inside ``torch.distributed`` or the autograd engine
+hang               any other hang (no stack: stopped, stuck in C code, or gone)
+crash              a rank raised an exception (its type is the evidence)
+signal             a rank was killed by a signal the launcher did not send
+crash              a rank exited with a non-zero code and left no error file
+unknown            no failure of this node's ranks (another node failed)
+=================  ==================================================================
+
+The culprits of a crash, a signal or an exit are the failed ranks that the launcher did not
+stop itself: torch stops the surviving ranks with SIGTERM once one rank fails, and a rank killed
+by SIGTERM or SIGKILL counts only when no other rank failed on its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "RULES",
+    "CycleEvidence",
+    "FailureClass",
+    "FailureVerdict",
+    "RankEvidence",
+    "Rule",
+    "classify",
+]
+
+
+class FailureClass(str, enum.Enum):
+    """The classes of the table above (the string is what the ledger records)."""
+
+    CRASH = "crash"
+    OOM = "oom"
+    SIGNAL = "signal"
+    NAN_INF = "nan_inf"
+    HANG_COLLECTIVE = "hang_collective"
+    HANG_IO = "hang_io"
+    HANG_CHECKPOINT = "hang_checkpoint"
+    HANG = "hang"
+    GPU_HARDWARE = "gpu_hardware"
+    PREEMPTION = "preemption"
+    CONFIG = "config"
+    UNKNOWN = "unknown"
+
+
+#: The exit code of a rank that ended on a configuration error (``EX_CONFIG``).
+_CONFIG_EXIT = 78
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
+_GPU_RE = re.compile(r"\b(ECC|Xid|fallen off the bus|uncorrectable)\b", re.IGNORECASE)
+_OOM_TYPES = ("OutOfMemoryError", "MemoryError")
+_OOM_RE = re.compile(r"out of memory", re.IGNORECASE)
+_CONFIG_TYPES = ("ImportError", "ModuleNotFoundError", "SyntaxError")
+_CONFIG_SUFFIXES = ("ConfigError", "ConfigurationError")
+_NAN_RE = re.compile(r"\b(nan|inf|infinity|non-finite|not finite)\b", re.IGNORECASE)
+_CHECKPOINT_PLACES = ("checkpoint", "/torch/serialization.py", "ckpt")
+_IO_PLACES = ("/torch/utils/data/", "/multiprocessing/queues.py")
+_IO_FUNCTIONS = ("read", "readinto", "readline", "recv", "recv_into", "open")
+_WAIT_PLACES = ("/torch/distributed/", "/torch/autograd/", "/torch/futures/")
+_CHECKPOINT_SECTIONS = ("checkpoint", "ckpt", "save", "load")
+_IO_SECTIONS = ("data", "loader", "batch", "io", "read", "input")
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    """What one failed (or hung) rank left behind.
+
+    Attributes:
+        rank: global rank.
+        node: its node (group rank).
+        exitcode: its exit code; negative: killed by that signal.
+        exc_type: the exception type from its ``@record`` error file, if any.
+        message: the exception message from the error file, if any.
+        frame: its innermost frame when it hung (``name (file:line)``), None without a dump.
+        frame_path: the full file name of that frame.
+        timer: the timer that expired when it hung (``heartbeat``, ``section:<name>``).
+        hung: it hung (its monitor reported it).
+    """
+
+    rank: int
+    node: int
+    exitcode: int | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    frame: str | None = None
+    frame_path: str | None = None
+    timer: str | None = None
+    hung: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed it, by name (None when it exited)."""
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    @property
+    def stopped(self) -> bool:
+        """Killed by SIGTERM or SIGKILL: possibly by the launcher, after another failure."""
+        return self.exitcode is not None and -self.exitcode in _STOP_SIGNALS
+
+    def error(self) -> str | None:
+        """The exception as ``Type: message`` (None without an error file)."""
+        if self.exc_type is None:
+            return None
+        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that carry evidence (None ones left out)."""
+        keys = ("exitcode", "exc_type", "message", "frame", "timer")
+        out: dict[str, Any] = {"rank": self.rank, "node": self.node}
+        out.update({k: getattr(self, k) for k in keys if getattr(self, k) is not None})
+        if self.signal_name is not None:
+            out["signal"] = self.signal_name
+        return out
+
+
+@dataclass(frozen=True)
+class CycleEvidence:
+    """Everything one node knows about a failed cycle.
+
+    Attributes:
+        node: this node (group rank).
+        attempt: the restart count of the cycle (0: the first attempt).
+        ranks: the failed or hung ranks, by global rank (other nodes' hung ranks included when
+            the job-wide hang verdict named them).
+        hang_culprits: the hang verdict's culprit ranks (empty without a hang or a culprit).
+        common_frame: the frame the waiting ranks were stuck at, if any (``name (file:line)``).
+        common_frame_path: its full file name.
+        oom_kills: processes the kernel's OOM killer killed in this node's cgroup this cycle.
+        health: failed health checks of the node (``name: detail``).
+        preempted: why the cycle counts as a preemption, if it does.
+    """
+
+    node: int
+    attempt: int
+    ranks: Mapping[int, RankEvidence] = field(default_factory=dict)
+    hang_culprits: tuple[int, ...] = ()
+    common_frame: str | None = None
+    common_frame_path: str | None = None
+    oom_kills: int = 0
+    health: tuple[str, ...] = ()
+    preempted: str | None = None
+
+
+@dataclass(frozen=True)
+class FailureVerdict:
+    """The class of a failed cycle, its culprits and the evidence it rests on.
+
+    Attributes:
+        cls: the failure class.
+        culprit_ranks: global ranks to blame (sorted).
+        culprit_nodes: their nodes (group ranks, sorted).
+        cause: the cause in one line (``ValueError: bad batch at step 3``, a frame, a signal).
+        rule: the rule of :data:`RULES` that matched.
+        evidence: what the rule read, JSON-ready.
+    """
+
+    cls: FailureClass
+    culprit_ranks: tuple[int, ...]
+    culprit_nodes: tuple[int, ...]
+    cause: str
+    rule: str
+    evidence: dict[str, Any]
+
+    @property
+    def signature(self) -> tuple[str, tuple[int, ...], str]:
+        """What must repeat for a failure to count as the same one: class, culprits, cause."""
+        return (self.cls.value, self.culprit_ranks, self.cause)
+
+    def summary(self) -> str:
+        """One line for the log."""
+        who = ",".join(map(str, self.culprit_ranks)) or "-"
+        nodes = ",".join(map(str, self.culprit_nodes)) or "-"
+        return f"{self.cls.value} (ranks {who}, nodes {nodes}): {self.cause}"
+
+
+Match = tuple[list[RankEvidence], str] | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table: a class and the test that picks the culprits and the cause."""
+
+    cls: FailureClass
+    name: str
+    test: Callable[[CycleEvidence], Match]
+
+
+def _own_failures(ev: CycleEvidence) -> list[RankEvidence]:
+    """Failed ranks that the launcher did not stop (all of them when every one was stopped)."""
+    failed = [r for r in ev.ranks.values() if not r.hung and r.exitcode not in (None, 0)]
+    own = [r for r in failed if not r.stopped]
+    return sorted(own or failed, key=lambda r: r.rank)
+
+
+def _with_error(ev: CycleEvidence, test: Callable[[RankEvidence], bool]) -> list[RankEvidence]:
+    return [r for r in _own_failures(ev) if test(r)]
+
+
+def _first_error(ranks: list[RankEvidence]) -> Match:
+    return (ranks, ranks[0].error() or "") if ranks else None
+
+
+def _preemption(ev: CycleEvidence) -> Match:
+    return ([], ev.preempted) if ev.preempted else None
+
+
+def _gpu(ev: CycleEvidence) -> Match:
+    hit = _with_error(ev, lambda r: bool(_GPU_RE.search(r.error() or "")))
+    if hit:
+        return _first_error(hit)
+    failed = [h for h in ev.health if "gpu" in h.lower() or _GPU_RE.search(h)]
+    return ([], failed[0]) if failed else None
+
+
+def _oom(ev: CycleEvidence) -> Match:
+    raised = _with_error(
+        ev,
+        lambda r: (
+            r.exc_type in _OOM_TYPES
+            or (r.exc_type or "").endswith(_OOM_TYPES)
+            or bool(_OOM_RE.search(r.message or ""))
+        ),
+    )
+    if raised:
+        return _first_error(raised)
+    killed = [r for r in ev.ranks.values() if r.exitcode == -signal.SIGKILL and not r.hung]
+    if ev.oom_kills > 0 and killed:
+        return (killed, f"killed by the kernel's OOM killer ({ev.oom_kills} OOM kill(s))")
+    return None
+
+
+def _config(ev: CycleEvidence) -> Match:
+    exited = _with_error(ev, lambda r: r.exitcode == _CONFIG_EXIT)
+    if exited:
+        return (exited, exited[0].error() or f"exit code {_CONFIG_EXIT} (configuration error)")
+    return _first_error(
+        _with_error(
+            ev,
+            lambda r: r.exc_type in _CONFIG_TYPES or (r.exc_type or "").endswith(_CONFIG_SUFFIXES),
+        )
+    )
+
+
+def _nan(ev: CycleEvidence) -> Match:
+    return _first_error(
+        _with_error(
+            ev,
+            lambda r: (
+                r.exc_type == "FloatingPointError"
+                or ("loss" in (r.message or "").lower() and bool(_NAN_RE.search(r.message or "")))
+            ),
+        )
+    )
+
+
+def _hang_culprits(ev: CycleEvidence) -> list[RankEvidence]:
+    hung = [r for r in ev.ranks.values() if r.hung]
+    named = [ev.ranks[r] for r in ev.hang_culprits if r in ev.ranks]
+    return sorted(named or hung, key=lambda r: r.rank)
+
+
+def _section(rank: RankEvidence) -> str:
+    timer = rank.timer or ""
+    return timer.removeprefix("section:").lower() if timer.startswith("section:") else ""
+
+
+def _hang_where(
+    ev: CycleEvidence,
+    places: Sequence[str],
+    sections: Sequence[str],
+    functions: Sequence[str] = (),
+) -> Match:
+    """The hang culprits whose frame is in ``places`` (or in a function of ``functions``
+    outside torch), or whose expired section is named like one of ``sections``; the cause is
+    the first one's frame or section."""
+
+    def where(rank: RankEvidence) -> str | None:
+        path = (rank.frame_path or "").replace("\\", "/").lower()
+        function = (rank.frame or "").split(" (", 1)[0]
+        if rank.frame and (
+            any(p in path for p in places) or (function in functions and "/torch/" not in path)
+        ):
+            return f"hung at {rank.frame}"
+        section = _section(rank)
+        if section and any(s in section for s in sections):
+            return f"hung in section '{section}'"
+        return None
+
+    found = [(rank, text) for rank in _hang_culprits(ev) if (text := where(rank)) is not None]
+    return ([rank for rank, _ in found], found[0][1]) if found else None
+
+
+def _hang_checkpoint(ev: CycleEvidence) -> Match:
+    return _hang_where(ev, _CHECKPOINT_PLACES, _CHECKPOINT_SECTIONS)
+
+
+def _hang_io(ev: CycleEvidence) -> Match:
+    return _hang_where(ev, _IO_PLACES, _IO_SECTIONS, _IO_FUNCTIONS)
+
+
+def _hang_collective(ev: CycleEvidence) -> Match:
+    culprits = _hang_culprits(ev)
+    inside = [
+        r
+        for r in culprits
+        if r.frame and any(p in (r.frame_path or "").replace("\\", "/") for p in _WAIT_PLACES)
+    ]
+    if inside:
+        return (inside, f"hung at {inside[0].frame}")
+    common = (ev.common_frame_path or "").replace("\\", "/")
+    if culprits and ev.common_frame and any(p in common for p in _WAIT_PLACES):
+        if all(r.frame is None for r in culprits):
+            return None  # the others wait for a rank with no stack: that rank is the story
+        return (culprits, f"ranks wait at {ev.common_frame}")
+    return None
+
+
+def _hang(ev: CycleEvidence) -> Match:
+    culprits = _hang_culprits(ev)
+    if not culprits:
+        return None
+    first = culprits[0]
+    where = f"at {first.frame}" if first.frame else "with no stack dump"
+    return (culprits, f"hung {where} ({first.timer or 'timer'} expired)")
+
+
+def _crash(ev: CycleEvidence) -> Match:
+    return _first_error(_with_error(ev, lambda r: r.exc_type is not None))
+
+
+def _signal(ev: CycleEvidence) -> Match:
+    killed = _with_error(ev, lambda r: r.signal_name is not None)
+    return (killed, f"killed by {killed[0].signal_name}") if killed else None
+
+
+def _exit(ev: CycleEvidence) -> Match:
+    exited = _with_error(ev, lambda r: r.exitcode is not None and r.exitcode > 0)
+    return (exited, f"exited with code {exited[0].exitcode}") if exited else None
+
+
+#: The table, in the order the rules are tried (see the module docstring).
+RULES: tuple[Rule, ...] = (
+    Rule(FailureClass.PREEMPTION, "preempted", _preemption),
+    Rule(FailureClass.GPU_HARDWARE, "ECC / Xid / GPU health", _gpu),
+    Rule(FailureClass.OOM, "OOM kill or OOM exception", _oom),
+    Rule(FailureClass.CONFIG, "exit 78 or import / config exception", _config),
+    Rule(FailureClass.NAN_INF, "NaN or Inf loss", _nan),
+    Rule(FailureClass.HANG_CHECKPOINT, "hang in checkpoint code", _hang_checkpoint),
+    Rule(FailureClass.HANG_IO, "hang in a data loader or a read", _hang_io),
+    Rule(FailureClass.HANG_COLLECTIVE, "hang in a collective", _hang_collective),
+    Rule(FailureClass.HANG, "other hang", _hang),
+    Rule(FailureClass.CRASH, "exception", _crash),
+    Rule(FailureClass.SIGNAL, "killed by a signal", _signal),
+    Rule(FailureClass.CRASH, "non-zero exit", _exit),
+)
+
+
+def classify(evidence: CycleEvidence) -> FailureVerdict:
+    """Apply :data:`RULES` in order; the first that matches gives the verdict.
+
+    Args:
+        evidence: the failed cycle's evidence.
+
+    Returns:
+        The verdict; class ``unknown`` when no rule matched (no failure of this node's ranks).
+    """
+    for rule in RULES:
+        match = rule.test(evidence)
+        if match is None:
+            continue
+        culprits, cause = match
+        nodes = (
+            sorted({r.node for r in culprits})
+            if culprits
+            else ([evidence.node] if rule.cls is not FailureClass.PREEMPTION else [])
+        )
+        return FailureVerdict(
+            cls=rule.cls,
+            culprit_ranks=tuple(sorted(r.rank for r in culprits)),
+            culprit_nodes=tuple(nodes),
+            cause=cause,
+            rule=rule.name,
+            evidence=_evidence(evidence, culprits),
+        )
+    nothing = "no failure of this node's ranks"
+    return FailureVerdict(FailureClass.UNKNOWN, (), (), nothing, "none", _evidence(evidence, []))
+
+
+def _evidence(ev: CycleEvidence, culprits: list[RankEvidence]) -> dict[str, Any]:
+    out: dict[str, Any] = {"node": ev.node, "attempt": ev.attempt}
+    out["ranks"] = [r.to_json() for r in (culprits or sorted(ev.ranks.values(), key=_rank))]
+    if ev.common_frame:
+        out["common_frame"] = ev.common_frame
+    if ev.oom_kills:
+        out["oom_kills"] = ev.oom_kills
+    if ev.health:
+        out["health"] = list(ev.health)
+    if ev.preempted:
+        out["preempted"] = ev.preempted
+    return out
+
+
+def _rank(r: RankEvidence) -> int:
+    return r.rank
