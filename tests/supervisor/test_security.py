@@ -353,6 +353,28 @@ def test_a_stale_controller_cannot_write_an_intent(
     second.backend.close()
 
 
+def test_the_controller_logs_and_replaces_an_intent_that_is_not_its_own(
+    backend_url: str, caplog: pytest.LogCaptureFixture
+):
+    backend = backend_from_url(backend_url)
+    controller = Controller(backend, [_RestartEachNode()], interval=0.05)
+    controller.claim()
+    key = keys_for(backend.namespace).intent("n1")
+    foreign = Intent(41, "n1", "shutdown", "forged", "x", job="someone-else", generation=9)
+    backend.put(key, foreign.to_json())
+    caplog.set_level(logging.WARNING, logger="resiliency.supervisor.intents")
+    (intent,) = controller.cycle().intents
+    assert intent.id == 42 and intent.job == backend.url.job and intent.action == "restart"
+    (line,) = [r.message for r in caplog.records if "not this controller's" in r.message]
+    assert "intent 41" in line and "names job 'someone-else'" in line
+    backend.put(key, b"{not json")
+    (intent,) = controller.cycle().intents  # n2 this time; n1's garbage stays untouched
+    assert intent.node == "n2"
+    assert write_intent(backend, "n1", "restart", "t", "r", {}, generation=controller.generation)
+    assert any("holds no valid intent" in r.message for r in caplog.records)
+    backend.close()
+
+
 # -- the status endpoint -------------------------------------------------------------------------
 def test_the_status_endpoint_warns_once_when_bound_beyond_loopback(
     caplog: pytest.LogCaptureFixture,
