@@ -102,7 +102,13 @@ class Job:
         self.controller: Controller | None = None
 
     def start_node(
-        self, node: str, *, slow: bool = False, ecc: bool = False, worker_args: tuple = ()
+        self,
+        node: str,
+        *,
+        slow: bool = False,
+        ecc: bool = False,
+        worker_args: tuple = (),
+        launcher_args: tuple = (),
     ) -> Launcher:
         env = {"RESILIENCY_GOODPUT_DIR": str(self.goodput), "SUPERVISOR_TEST_SLOW": str(int(slow))}
         if ecc:
@@ -130,6 +136,7 @@ class Job:
             "--restart-policy",
             "min-healthy",
             *FAST_FT_FLAGS,
+            *launcher_args,
             "--supervisor",
             self.url,
             "--supervisor-interval",

@@ -131,6 +131,33 @@ def test_slow_node_is_excluded_and_the_spare_joins_on_etcd(job_factory, etcd_ser
     _slow_node_scenario(job_factory("2:2", etcd_server.url(f"etcd-{os.getpid()}")))
 
 
+def _secure_url(secure_etcd, monkeypatch: pytest.MonkeyPatch, job: str) -> str:
+    """Job ``job`` on the TLS + RBAC etcd, configured the etcdctl way: ETCDCTL_CACERT, _CERT,
+    _KEY and _USER (a user whose only role is the job's prefix) in the environment of the
+    launchers, the controller and the status CLI; the URL names only the endpoint and job."""
+    user, password = secure_etcd.add_job(job)
+    client = secure_etcd.pki.clients["job-a"]
+    monkeypatch.setenv("ETCDCTL_CACERT", str(secure_etcd.pki.ca))
+    monkeypatch.setenv("ETCDCTL_CERT", str(client.cert))
+    monkeypatch.setenv("ETCDCTL_KEY", str(client.key))
+    monkeypatch.setenv("ETCDCTL_USER", f"{user}:{password}")
+    return f"etcd://127.0.0.1:{secure_etcd.port}/{job}"
+
+
+def test_slow_node_is_excluded_and_the_spare_joins_on_tls_etcd(
+    job_factory, secure_etcd, monkeypatch
+):
+    url = _secure_url(secure_etcd, monkeypatch, f"tls-{os.getpid()}")
+    job = job_factory("2:2", url)
+    _slow_node_scenario(job)
+    for node in ("a", "b", "c"):
+        log = job.tmp / f"node-{node}.log"
+        assert f"supervisor: node {node} publishes to {url}" in log.read_text(), node
+    assert "TLS, CA" in job.controller.log() and f"user resiliency-tls-{os.getpid()}" in (
+        job.controller.log()
+    )
+
+
 def test_uncorrectable_ecc_excludes_the_node_at_once(job_factory):
     job = job_factory("1:2", "tcp")
     a = job.start_node("a")
@@ -149,11 +176,16 @@ def test_uncorrectable_ecc_excludes_the_node_at_once(job_factory):
     assert a.wait(120) == 0, a.log()
 
 
-@pytest.mark.parametrize("engine", ["tcp", "etcd"])
-def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(job_factory, engine, request):
+@pytest.mark.parametrize("engine", ["tcp", "etcd", "etcd-tls"])
+def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(
+    job_factory, engine, request, monkeypatch
+):
     url = "tcp"
     if engine == "etcd":
         url = request.getfixturevalue("etcd_server").url(f"kill-{os.getpid()}")
+    elif engine == "etcd-tls":
+        secure = request.getfixturevalue("secure_etcd")
+        url = _secure_url(secure, monkeypatch, f"kill-tls-{os.getpid()}")
     job = job_factory("1:2", url)
     a = job.start_node("a")
     controller = job.start_controller()
@@ -198,7 +230,13 @@ def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(job_factory,
 
 def test_the_same_root_cause_three_cycles_in_a_row_stops_the_job(job_factory):
     job = job_factory("1", "tcp")
-    a = job.start_node("a", worker_args=("--crash-after-steps", "5"))
+    # The launcher's own stop rule (the same failure max_no_progress_cycles times) is off:
+    # the supervisor's repeated_failure policy is what this test is about.
+    a = job.start_node(
+        "a",
+        worker_args=("--crash-after-steps", "5"),
+        launcher_args=("--ft-max-no-progress-cycles", "0"),
+    )
     controller = job.start_controller()
     assert a.wait(180) == 3, a.log()  # stopped on purpose, long before 8 restarts ran out
     match = controller.wait_for_log(
