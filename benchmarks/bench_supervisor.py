@@ -2,6 +2,11 @@
 
     python benchmarks/bench_supervisor.py                 # TCPStore, and etcd when installed
     python benchmarks/bench_supervisor.py --nodes 1000 --duration 20 --json out.json
+    python benchmarks/bench_supervisor.py --engines etcd,etcd-tls   # what TLS + RBAC cost
+
+``etcd-tls`` is etcd with https only, client certificates required and authentication on (the
+test suite's ``tests/supervisor/secure_etcd.py``: openssl and etcdctl), every client logged in
+as a user whose role is read and write on ``resiliency/``.
 
 Three measurements, each against a TCPStore and an etcd server started by the benchmark in their
 own processes (so that their CPU time is the store's load alone):
@@ -44,6 +49,7 @@ from resiliency.supervisor import (
 )
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "supervisor"))  # secure_etcd: the TLS etcd
 
 
 def _free_port() -> int:
@@ -64,6 +70,19 @@ class Server:
     def __init__(self, kind: str, work: Path) -> None:
         self.kind = kind
         self.port = _free_port()
+        self._secure = None
+        if kind == "etcd-tls":
+            from secure_etcd import SecureEtcd  # noqa: PLC0415 - only for this engine
+
+            self._secure = SecureEtcd(work / "etcd-tls", str(shutil.which("etcd")), _free_port)
+            self._secure.etcdctl("role", "add", "bench")
+            self._secure.etcdctl(
+                "role", "grant-permission", "bench", "readwrite", "resiliency/", "--prefix=true"
+            )
+            self._secure.etcdctl("user", "add", "bench", "--new-user-password", "bench-pw")
+            self._secure.etcdctl("user", "grant-role", "bench", "bench")
+            self.proc = self._secure.proc
+            return
         if kind == "tcp":
             code = (
                 "import datetime, time, torch.distributed as d\n"
@@ -104,12 +123,17 @@ class Server:
                 time.sleep(0.2)
 
     def url(self, job: str) -> str:
+        if self._secure is not None:
+            return self._secure.url(job, user="bench:bench-pw")
         return f"{self.kind}://127.0.0.1:{self.port}/{job}"
 
     def cpu_s(self) -> float:
         return _cpu_s(self.proc.pid)
 
     def stop(self) -> None:
+        if self._secure is not None:
+            self._secure.stop()
+            return
         self.proc.kill()
         self.proc.wait(10)
 
@@ -359,8 +383,11 @@ def main() -> int:
     results: dict[str, dict] = {}
     try:
         for engine in args.engines.split(","):
-            if engine == "etcd" and shutil.which("etcd") is None:
-                print("[bench_supervisor] etcd skipped: the etcd binary is not installed")
+            if engine.startswith("etcd") and shutil.which("etcd") is None:
+                print(f"[bench_supervisor] {engine} skipped: the etcd binary is not installed")
+                continue
+            if engine == "etcd-tls" and not (shutil.which("etcdctl") and shutil.which("openssl")):
+                print("[bench_supervisor] etcd-tls skipped: it needs etcdctl and openssl")
                 continue
             server = Server(engine, work)
             try:
