@@ -149,6 +149,12 @@ def test_users_without_the_role_or_credentials_are_refused(secure_etcd: SecureEt
         backend_from_url(secure_etcd.url(job), timeout=10)
 
 
+def test_a_user_for_an_etcd_without_authentication_is_refused(etcd_server):
+    """Credentials given to an etcd that checks none: refused, not silently ignored."""
+    with pytest.raises(BackendAuthError, match="authentication is off"):
+        backend_from_url(etcd_server.url(_job()) + "?user=alice:pw", timeout=10)
+
+
 def test_tls_is_never_downgraded_to_plain_http(secure_etcd: SecureEtcd):
     """A server that does not speak TLS gets a TLS handshake, and never a plain request."""
     listener = socket.socket()

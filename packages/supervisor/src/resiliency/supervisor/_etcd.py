@@ -189,6 +189,13 @@ class EtcdBackend(Backend):
                 f"{where}: user {creds.user!r} ({creds.origin.get('user')}) was refused: "
                 "wrong user name or password"
             )
+        if "authentication is not enabled" in message:
+            return BackendAuthError(
+                f"{where}: user {creds.user!r} ({creds.origin.get('user')}) was given, but this "
+                "etcd's authentication is off: any client may read and write every key. Turn "
+                "it on (docs/supervisor.md, Security), or give no user for an etcd private to "
+                "this job"
+            )
         if "user name is empty" in message:
             return BackendAuthError(
                 f"{where}: etcd's authentication is on and this client gave no user: give the "
