@@ -96,10 +96,6 @@ class EtcdBackend(Backend):
                 "resiliency-supervisor): pip install etcd3gw"
             ) from exc
         self._etcd_error = etcd_exceptions.Etcd3Exception
-        self._errors: tuple[type[BaseException], ...] = (
-            etcd_exceptions.Etcd3Exception,
-            OSError,
-        )
         self._watch_timeout = etcd_exceptions.WatchTimedOut
         self.credentials: EtcdCredentials = resolve_credentials(url)
         creds = self.credentials
