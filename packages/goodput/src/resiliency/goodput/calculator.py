@@ -21,6 +21,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from resiliency.goodput.by_class import ClassRow, by_class
 from resiliency.goodput.errors import GoodputError
 from resiliency.goodput.ledger import Ledger
 from resiliency.goodput.timeline import Timeline, build_timeline
@@ -100,6 +101,7 @@ class Report:
     timeline: Timeline | None = None
     notes: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
+    by_class: list[ClassRow] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -132,6 +134,7 @@ class Report:
             "warnings": self.warnings,
             "notes": self.notes,
             "hints": self.hints,
+            "by_class": [row.to_json() for row in self.by_class],
             "events": self.events,
             "step_events": self.step_events,
             "files": self.files,
@@ -374,6 +377,13 @@ def compute(
         while lo < timeline.end:
             windows.append(breakdown(timeline, ideal, lo, lo + window_s, shares))
             lo += window_s
+    by_cls = by_class(
+        ledger.events,
+        timeline.cycles,
+        [a.breakdown.seconds["lost_progress"] for a in attempts],
+        lambda lo, hi: breakdown(timeline, ideal, lo, hi, shares).seconds["restart"],
+        timeline.end,
+    )
     google = google_steps = None
     if ledger.google is not None and ideal is not None:
         google, google_steps = ledger.google.figure(ideal), ledger.google.steps()
@@ -394,6 +404,7 @@ def compute(
         timeline=timeline,
         notes=list(ledger.notes),
         hints=_hints(ledger, timeline),
+        by_class=by_cls,
     )
 
 

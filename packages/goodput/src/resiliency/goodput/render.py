@@ -142,6 +142,15 @@ def render_text(report: Report) -> str:
                 cause += f" ({a.timer})"
             rows.append((f"#{a.cycle} {cause}"[:22], a.breakdown))
         lines.extend(_row_table("attempt (end)", rows))
+    if report.by_class:
+        lines.append("")
+        lines.append("Failures by class (restart: detection to progress again):")
+        lines.append(f"{'class':<18} {'failures':>8} {'restart':>10} {'lost progress':>14}")
+        for row in report.by_class:
+            lines.append(
+                f"{row.cls:<18} {row.failures:>8} {row.restart_s:>9.1f}s "
+                f"{row.lost_progress_s:>13.1f}s"
+            )
     if report.windows:
         lines.append("")
         lines.append("Per window:")

@@ -15,6 +15,21 @@ SCHEMA_VERSION = 1
 
 TIERS = ("persistent", "local", "replica")
 CYCLE_CAUSES = ("success", "crash", "hang", "workload_control", "preemption", "signal")
+#: The launcher's failure classes (resiliency.launcher.failure_classes; a reader accepts others).
+FAILURE_CLASSES = (
+    "crash",
+    "oom",
+    "signal",
+    "nan_inf",
+    "hang_collective",
+    "hang_io",
+    "hang_checkpoint",
+    "hang",
+    "gpu_hardware",
+    "preemption",
+    "config",
+)
+DECISIONS = ("restart", "restart_without_node", "stop")
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,15 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
         "reason": _f("str", "one line saying why"),
         "evidence": _f("dict", "the samples the decision rests on"),
     },
+    "diagnosis": {
+        "cls": _f("str", "failure class: " + ", ".join(FAILURE_CLASSES)),
+        "culprit_ranks": _f("list[int]", "global ranks to blame"),
+        "culprit_nodes": _f("list[str]", "their nodes, as in `node` (`GROUP_RANK`)"),
+        "decision": _f("str", "one of " + ", ".join(DECISIONS)),
+        "evidence": _f("dict", "what the verdict rests on (exit codes, error, frames, ...)"),
+        "rule": _f("str", "the stop rule that decided (repeated, restart_storm, ...)", False),
+        "cycle": _f("int", "the launcher's cycle number of the failed cycle", False),
+    },
 }
 
 EVENT_DOCS: dict[str, str] = {
@@ -122,6 +146,7 @@ EVENT_DOCS: dict[str, str] = {
     "fault_injected": "the simulator injected a fault",
     "preempted": "an emergency checkpoint was saved on preemption",
     "supervisor_decision": "the supervisor's controller decided an action on a node",
+    "diagnosis": "the launcher's verdict on a failed cycle: class, culprits, decision",
 }
 
 
@@ -144,6 +169,8 @@ def _check(kind: str, value: Any) -> bool:  # noqa: PLR0911 -- one return per ki
         return isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         )
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "dict":
         return isinstance(value, dict)
     raise AssertionError(f"unknown field kind {kind!r}")  # pragma: no cover
