@@ -11,7 +11,6 @@ the round's store.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from typing import Any, cast
@@ -28,6 +27,8 @@ from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, sta
 from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.failure_diagnosis import diagnose_cycle, stop_rules_for
+from resiliency.launcher.failure_evidence import error_text, signal_name
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import HealthResult, run_health_checks
 from resiliency.launcher.health_watch import HealthWatch
@@ -96,6 +97,7 @@ class FtElasticAgent(CompatAgent):
         super().__init__(spec, logs_specs, **agent_kwargs)
         self._monitors = monitors
         self._settings = settings
+        self.stop_rules = stop_rules_for(self)  # the diagnosis' decisions (issue 28)
         self._cycle = self._new_cycle()
         self._startup = StartupWatch(monitors, settings.ft_cfg.rank_startup_timeout)
         self._shared: SharedRoundState | None = None
@@ -107,6 +109,7 @@ class FtElasticAgent(CompatAgent):
         self.restarts_done = 0
         self.hangs_detected = 0
         self.verdicts: list[str] = []
+        self.diagnoses: list[Any] = []  # FailureVerdict of every diagnosed cycle
         self.attempt_causes: list[str] = []
         self._health: HealthWatch | None = None
         self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
@@ -250,12 +253,10 @@ class FtElasticAgent(CompatAgent):
             if local_rank in self._cycle.diagnosis.hangs:
                 continue
             if failure.exitcode < 0:
-                how = f"was killed by signal {_signal_name(-failure.exitcode)}"
+                how = f"was killed by signal {signal_name(-failure.exitcode)}"
             else:
                 how = f"exited with code {failure.exitcode}"
-            message = ""
-            if failure.error_file and os.path.isfile(failure.error_file):
-                message = f": {failure.message}"
+            message = f": {text}" if (text := error_text(failure)) else ""
             who = f"rank {global_rank} (local rank {local_rank}, pid {failure.pid})"
             cause = f"{who} {how}{message}"
             if cause not in self._cycle.causes:
@@ -330,6 +331,7 @@ class FtElasticAgent(CompatAgent):
 
     def _blame(self, verdict: HangVerdict) -> None:
         self.verdicts.append(verdict.summary)
+        self._cycle.hang_verdict = verdict  # the job-wide one replaces the node's
         logger.error("%s", verdict.summary)
         cause = culprit_cause(verdict, self._cycle.ranks, self._cycle.pids)
         if cause is not None:
@@ -423,7 +425,8 @@ class FtElasticAgent(CompatAgent):
                 self.exit_barrier()
                 self.outcome = Outcome(ExitCode.SUCCESS, "succeeded", "all workers exited 0")
                 return result
-            self._end_cycle(local)
+            if (stop := self._end_cycle(local, result, decision is Decision.GIVE_UP)) is not None:
+                return stop  # the diagnosis stopped the job, or this node leaves it
             if decision is Decision.RESTART:
                 self.remaining_restarts -= 1
                 self.restarts_done += 1
@@ -460,8 +463,9 @@ class FtElasticAgent(CompatAgent):
     def _cycle_summary(self) -> str:
         return self._cycle.causes[0] if self._cycle.causes else "another node failed"
 
-    def _end_cycle(self, local: LocalState) -> None:
-        """Close the books on this attempt: verdicts, root cause, tell the other nodes."""
+    def _end_cycle(self, local: LocalState, result: RunResult, give_up: bool) -> RunResult | None:
+        """Close the books on this attempt: verdicts, root cause, tell the other nodes, and
+        diagnose it (:func:`diagnose_cycle`: its result when the diagnosis ends the job here)."""
         contributed = self._collect_verdict()
         self.goodput.cycle_ended()
         if local is LocalState.FAILED and self._shared is not None and not self._published_failure:
@@ -472,6 +476,7 @@ class FtElasticAgent(CompatAgent):
             self._blame(self._job.judge())
         if local is LocalState.FAILED:
             self.attempt_causes.append(self._cycle_summary())
+        return diagnose_cycle(self, result, give_up)
 
     # --- exit barrier ---------------------------------------------------------------------------
     def exit_barrier(self) -> None:
@@ -486,10 +491,3 @@ class FtElasticAgent(CompatAgent):
             "node_unhealthy",
             "finished_on_healthy_nodes",
         )
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from resiliency.ft import MonitorEvent
 from resiliency.launcher.diagnosis import HangDiagnosis
+from resiliency.launcher.failure_evidence import oom_kill_count
+from resiliency.launcher.verdict import HangVerdict
 
 __all__ = ["Cycle"]
 
@@ -26,6 +28,8 @@ class Cycle:
         connected: local ranks whose worker is connected to its monitor.
         shutdown: a rank's ShutdownWorkload request, if any.
         exclude: a rank's ExcludeThisNode request, if any.
+        hang_verdict: the cycle's hang verdict (the job-wide one when there is one).
+        oom_at_start: the cgroup's OOM-kill count when the cycle started (None: unreadable).
     """
 
     diagnosis: HangDiagnosis
@@ -35,3 +39,5 @@ class Cycle:
     connected: set[int] = field(default_factory=set)
     shutdown: MonitorEvent | None = None
     exclude: MonitorEvent | None = None
+    hang_verdict: HangVerdict | None = None
+    oom_at_start: int | None = field(default_factory=oom_kill_count)

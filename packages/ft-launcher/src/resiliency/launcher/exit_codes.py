@@ -20,6 +20,10 @@ Codes 2 and up are this toolkit's own.
                           check): requeue without this node
 5   PREEMPTED             the workers saved an emergency checkpoint and exited 75 ("preempted,
                           saved step N"): requeue the job, it resumes from that step
+6   DIAGNOSED_STOP        the failure diagnosis stopped the job before --max-restarts ran out:
+                          the same failure (class, culprit ranks, cause) in
+                          max_no_progress_cycles consecutive attempts, or a restart storm; the
+                          last line names the repeated cause: fix it, do not requeue as is
 ==  ====================  ===================================================================
 
 The same verdict is also written as JSON to ``--exit-status-file`` when given, because an exit
@@ -42,3 +46,4 @@ class ExitCode(enum.IntEnum):
     SHUTDOWN_WORKLOAD = 3
     NODE_EXCLUDED = 4
     PREEMPTED = 5
+    DIAGNOSED_STOP = 6

@@ -2,8 +2,9 @@
 
 With ``--goodput-dir DIR`` (or ``RESILIENCY_GOODPUT_DIR`` in the environment) the launcher sets
 ``RESILIENCY_GOODPUT_DIR`` for itself and its workers, and records ``job_started`` /
-``job_ended``, ``cycle_started`` / ``cycle_ended`` (with the cause) and ``hang_detected`` (with
-the detection latency and the timer's limit) into this node's ledger file. Without a directory
+``job_ended``, ``cycle_started`` / ``cycle_ended`` (with the cause), ``hang_detected`` (with
+the detection latency and the timer's limit) and ``diagnosis`` (the failure's class, culprits,
+decision and evidence) into this node's ledger file. Without a directory
 every call is a no-op. Recording never raises into the launcher.
 """
 
@@ -114,6 +115,28 @@ class GoodputEvents:
             ranks = ranks or hung
         self._emit("cycle_ended", cycle=self._open, cause=cause, timer=timer, ranks=ranks or [])
         self._open = None
+
+    def diagnosis(
+        self,
+        *,
+        cls: str,
+        culprit_ranks: list[int],
+        culprit_nodes: list[str],
+        decision: str,
+        evidence: dict[str, Any],
+        rule: str,
+    ) -> None:
+        """The failure diagnosis of the cycle that just ended (after its ``cycle_ended``)."""
+        self._emit(
+            "diagnosis",
+            cls=cls,
+            culprit_ranks=culprit_ranks,
+            culprit_nodes=culprit_nodes,
+            decision=decision,
+            evidence=evidence,
+            rule=rule,
+            cycle=self._cycles - 1,
+        )
 
     def job_ended(self, exit_code: int, reason: str) -> None:
         """The launcher is exiting: close the open cycle, record the end, flush."""
