@@ -191,3 +191,11 @@ def test_oom_kill_count_reads_the_cgroup_counter(tmp_path: Path):
     events.write_text("garbage")
     assert oom_kill_count(tmp_path) is None
     assert oom_kill_count(tmp_path / "absent") is None
+
+
+def test_a_user_function_named_like_a_read_is_io_other_user_code_a_plain_hang():
+    nodes = {0: 0, 1: 1}
+    read = Frame("/app/train.py", 41, "read_shard")
+    assert classify(_hang({0: WAIT, 1: read}, nodes)).cls is FailureClass.HANG_IO
+    step = Frame("/app/train.py", 80, "train_step")
+    assert classify(_hang({0: WAIT, 1: step}, nodes)).cls is FailureClass.HANG

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from resiliency.goodput import read_ledger
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
 
 from launcher_harness import (
@@ -170,3 +172,29 @@ def test_a_rank_stopped_on_one_node_is_named_job_wide(
     for failure in failures:
         assert failure.startswith(f"likely culprit of the hang: rank {culprit} (node {culprit}")
     assert len(markers(marker_dir, "done")) == 2
+
+
+def test_a_node_blocked_in_a_read_is_the_diagnosed_culprit(
+    two_nodes, marker_dir: Path, tmp_path: Path
+):
+    # Issue 28: node B's rank blocks in a read of a stalled file (a FIFO nobody writes) while
+    # node A's rank waits for it in all_reduce. The diagnosis names node B and its rank, class
+    # hang_io, and only node B (the culprit's node) records it.
+    worker = Path(WORKER).parent / "collective_hang_worker.py"
+    ledger = tmp_path / "ledger"
+    a, b = two_nodes("2", ["--fault", "read"], "--goodput-dir", str(ledger), worker=worker)
+    stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
+    culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
+    assert a.wait(90) == 0, a.log()
+    assert b.wait(90) == 0, b.log()
+    events = [e for e in read_ledger([ledger]).events if e.event == "diagnosis"]
+    assert len(events) == 1, (events, a.log(), b.log())
+    (event,) = events
+    assert event.data["cls"] == "hang_io", event.data
+    assert event.data["culprit_ranks"] == [culprit]
+    assert event.data["culprit_nodes"] == [str(culprit)]
+    assert event.node == str(culprit)  # written by the culprit's node
+    assert event.data["decision"] == "restart"
+    assert "read_shard" in event.data["evidence"]["cause"]
+    line = f"diagnosis: hang_io (ranks {culprit}, nodes {culprit}): hung at read_shard"
+    assert line in (b.log() if culprit == 1 else a.log())

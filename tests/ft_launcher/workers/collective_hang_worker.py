@@ -2,8 +2,9 @@
 
 The faulty node is picked by FT_TEST_FAULT_NODE=1 (the rendezvous assigns the ranks). At
 --fault-step that rank writes marker stopped-<rank>-<attempt>, then either stops (SIGSTOP: it
-cannot even dump its stacks) or sleeps in C holding the GIL (--fault gil_sleep); its peers wait
-for it in all_reduce. Markers: start-<rank>-<attempt>-<pid>, done-<rank>-<attempt>.
+cannot even dump its stacks), sleeps in C holding the GIL (--fault gil_sleep), or blocks in a read
+of a FIFO nobody writes (--fault read: a stalled file system); its peers wait for it in
+all_reduce. Markers: start-<rank>-<attempt>-<pid>, done-<rank>-<attempt>.
 """
 
 from __future__ import annotations
@@ -33,12 +34,19 @@ def mark(directory: Path, name: str) -> None:
     os.replace(tmp, directory / name)
 
 
+def read_shard(path: Path) -> bytes:
+    """Read a 'shard' that never comes: opening a FIFO with no writer blocks (GIL released)."""
+    os.mkfifo(path)
+    with open(path, "rb") as shard:
+        return shard.read()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--marker-dir", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--fault-step", type=int, default=3)
-    parser.add_argument("--fault", default="stop", choices=["stop", "gil_sleep"])
+    parser.add_argument("--fault", default="stop", choices=["stop", "gil_sleep", "read"])
     args = parser.parse_args()
     mark(args.marker_dir, f"start-{RANK}-{ATTEMPT}-{os.getpid()}")
     # Once per job: a node that re-forms after a failure elsewhere keeps its restart count.
@@ -53,6 +61,8 @@ def main() -> int:
             mark(args.marker_dir, f"stopped-{RANK}-{ATTEMPT}")
             if args.fault == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            elif args.fault == "read":
+                read_shard(args.marker_dir / f"shard-{RANK}.fifo")
             else:
                 ctypes.PyDLL(None).sleep(3600)
         dist.all_reduce(value)

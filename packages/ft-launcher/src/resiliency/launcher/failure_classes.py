@@ -24,9 +24,10 @@ nan_inf            a rank raised ``FloatingPointError``, or its error message na
 hang_checkpoint    a hang whose culprit frame is in checkpoint code (``checkpoint``,
                    ``torch/serialization.py``), or whose expired section is named like a
                    checkpoint (checkpoint, ckpt, save, load)
-hang_io            a hang whose culprit frame is in a data loader or a file read
-                   (``torch/utils/data``, ``read``, ``readinto``, ``recv``, ``open``), or
-                   whose expired section is named like data loading (data, loader, batch, io)
+hang_io            a hang whose culprit frame is in a data loader (``torch/utils/data``),
+                   or outside torch in a function named like a read (read, recv, fetch,
+                   shard, loader, dataset, open), or whose expired section is named
+                   like data loading (data, loader, batch, io, read, input)
 hang_collective    a hang whose culprit frame, or with no culprit the frame every rank
                    waits at, is inside ``torch.distributed`` or the autograd engine
 hang               any other hang (no stack: stopped, stuck in C code, or gone)
@@ -89,7 +90,7 @@ _CONFIG_SUFFIXES = ("ConfigError", "ConfigurationError")
 _NAN_RE = re.compile(r"\b(nan|inf|infinity|non-finite|not finite)\b", re.IGNORECASE)
 _CHECKPOINT_PLACES = ("checkpoint", "/torch/serialization.py", "ckpt")
 _IO_PLACES = ("/torch/utils/data/", "/multiprocessing/queues.py")
-_IO_FUNCTIONS = ("read", "readinto", "readline", "recv", "recv_into", "open")
+_IO_FUNCTIONS = ("read", "recv", "fetch", "shard", "loader", "dataset", "open")
 _WAIT_PLACES = ("/torch/distributed/", "/torch/autograd/", "/torch/futures/")
 _CHECKPOINT_SECTIONS = ("checkpoint", "ckpt", "save", "load")
 _IO_SECTIONS = ("data", "loader", "batch", "io", "read", "input")
@@ -309,16 +310,15 @@ def _hang_where(
     sections: Sequence[str],
     functions: Sequence[str] = (),
 ) -> Match:
-    """The hang culprits whose frame is in ``places`` (or in a function of ``functions``
-    outside torch), or whose expired section is named like one of ``sections``; the cause is
-    the first one's frame or section."""
+    """The hang culprits whose frame is in ``places`` (or, outside torch, in a function whose
+    name contains one of ``functions``), or whose expired section is named like one of
+    ``sections``; the cause is the first one's frame or section."""
 
     def where(rank: RankEvidence) -> str | None:
         path = (rank.frame_path or "").replace("\\", "/").lower()
-        function = (rank.frame or "").split(" (", 1)[0]
-        if rank.frame and (
-            any(p in path for p in places) or (function in functions and "/torch/" not in path)
-        ):
+        function = (rank.frame or "").split(" (", 1)[0].lower()
+        named = any(f in function for f in functions) and "/torch/" not in path
+        if rank.frame and (any(p in path for p in places) or named):
             return f"hung at {rank.frame}"
         section = _section(rank)
         if section and any(s in section for s in sections):
