@@ -28,8 +28,8 @@ hang_io            a hang whose culprit frame is in a data loader (``torch/utils
                    or outside torch in a function named like a read (read, recv, fetch,
                    shard, loader, dataset, open), or whose expired section is named
                    like data loading (data, loader, batch, io, read, input)
-hang_collective    a hang whose culprit frame, or with no culprit the frame every rank
-                   waits at, is inside ``torch.distributed`` or the autograd engine
+hang_collective    a hang whose culprit is stopped inside ``torch.distributed`` or the
+                   autograd engine, or, with no culprit named, every hung rank waits there
 hang               any other hang (no stack: stopped, stuck in C code, or gone)
 crash              a rank raised an exception (its type is the evidence)
 signal             a rank was killed by a signal the launcher did not send
@@ -164,7 +164,6 @@ class CycleEvidence:
             the job-wide hang verdict named them).
         hang_culprits: the hang verdict's culprit ranks (empty without a hang or a culprit).
         common_frame: the frame the waiting ranks were stuck at, if any (``name (file:line)``).
-        common_frame_path: its full file name.
         oom_kills: processes the kernel's OOM killer killed in this node's cgroup this cycle.
         health: failed health checks of the node (``name: detail``).
         preempted: why the cycle counts as a preemption, if it does.
@@ -175,7 +174,6 @@ class CycleEvidence:
     ranks: Mapping[int, RankEvidence] = field(default_factory=dict)
     hang_culprits: tuple[int, ...] = ()
     common_frame: str | None = None
-    common_frame_path: str | None = None
     oom_kills: int = 0
     health: tuple[str, ...] = ()
     preempted: str | None = None
@@ -338,20 +336,14 @@ def _hang_io(ev: CycleEvidence) -> Match:
 
 
 def _hang_collective(ev: CycleEvidence) -> Match:
-    culprits = _hang_culprits(ev)
+    """Culprits stopped inside a collective, or (no culprit named) every hung rank waiting in
+    one. A culprit elsewhere, which the others wait for, is not a collective hang."""
     inside = [
         r
-        for r in culprits
+        for r in _hang_culprits(ev)
         if r.frame and any(p in (r.frame_path or "").replace("\\", "/") for p in _WAIT_PLACES)
     ]
-    if inside:
-        return (inside, f"hung at {inside[0].frame}")
-    common = (ev.common_frame_path or "").replace("\\", "/")
-    if culprits and ev.common_frame and any(p in common for p in _WAIT_PLACES):
-        if all(r.frame is None for r in culprits):
-            return None  # the others wait for a rank with no stack: that rank is the story
-        return (culprits, f"ranks wait at {ev.common_frame}")
-    return None
+    return (inside, f"hung at {inside[0].frame}") if inside else None
 
 
 def _hang(ev: CycleEvidence) -> Match:

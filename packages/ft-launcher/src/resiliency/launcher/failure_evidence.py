@@ -155,7 +155,6 @@ def cycle_evidence(
         ranks=ranks,
         hang_culprits=tuple(verdict.culprits) if verdict is not None else (),
         common_frame=str(common) if common is not None else None,
-        common_frame_path=common.filename if common is not None else None,
         oom_kills=oom_kills,
         health=health,
         preempted=preempted,
