@@ -56,6 +56,15 @@ def test_same_error_at_the_same_step_stops_after_3_attempts(launch, marker_dir, 
     assert log.count("diagnosis: crash (ranks 1, nodes 0): " + ERROR) == 3, log
     verdict = json.loads(status.read_text())
     assert verdict["exit_code"] == 6 and verdict["reason"] == "stopped_repeated"
+    assert [d["decision"] for d in verdict["diagnoses"]] == ["restart", "restart", "stop"]
+    assert verdict["diagnoses"][-1] == {
+        "cls": "crash",
+        "culprit_ranks": [1],
+        "culprit_nodes": [0],
+        "cause": ERROR,
+        "decision": "stop",
+        "rule": "repeated",
+    }
 
     events = [e for e in read_ledger([ledger]).events if e.event == "diagnosis"]
     assert [e.data["decision"] for e in events] == ["restart", "restart", "stop"]

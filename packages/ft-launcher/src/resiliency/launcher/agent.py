@@ -109,7 +109,7 @@ class FtElasticAgent(CompatAgent):
         self.restarts_done = 0
         self.hangs_detected = 0
         self.verdicts: list[str] = []
-        self.diagnoses: list[Any] = []  # FailureVerdict of every diagnosed cycle
+        self.diagnoses: list[dict[str, Any]] = []  # every failure's verdict and decision
         self.attempt_causes: list[str] = []
         self._health: HealthWatch | None = None
         self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in

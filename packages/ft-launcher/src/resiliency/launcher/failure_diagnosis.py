@@ -88,7 +88,16 @@ def diagnose_cycle(agent: FtElasticAgent, result: RunResult, give_up: bool) -> R
         "diagnosis: %s; decision: %s (%s)",
         *(verdict.summary(), decision.action.value, decision.reason),
     )
-    agent.diagnoses.append(verdict)
+    agent.diagnoses.append(
+        {
+            "cls": verdict.cls.value,
+            "culprit_ranks": list(verdict.culprit_ranks),
+            "culprit_nodes": list(verdict.culprit_nodes),
+            "cause": verdict.cause,
+            "decision": decision.action.value,
+            "rule": decision.rule,
+        }
+    )
     agent.goodput.diagnosis(
         cls=verdict.cls.value,
         culprit_ranks=list(verdict.culprit_ranks),

@@ -313,6 +313,7 @@ def _report(
             "hangs_detected": hangs,
             "failures": agent.attempt_causes if agent is not None else [],
             "hang_verdicts": agent.verdicts if agent is not None else [],
+            "diagnoses": agent.diagnoses if agent is not None else [],
             **extra,
         }
         tmp = f"{status_file}.tmp"
