@@ -99,3 +99,20 @@ def test_max_no_progress_cycles_0_keeps_max_restarts_the_only_bound(launch, mark
     (last,) = [x for x in log.splitlines() if "ft-launcher exits" in x]
     assert "exits 1 (restarts_exhausted)" in last
     assert "decision: stop (no restarts left (--max-restarts))" in log
+
+
+def test_an_import_error_in_the_first_attempt_stops_at_once(launch, marker_dir, tmp_path):
+    status = tmp_path / "status.json"
+    launcher = launch(
+        [*_args(marker_dir, "--exit-status-file", str(status)), "import"],
+    )
+    code = launcher.wait(120)
+    log = launcher.log()
+    assert code == 2, log
+    assert markers(marker_dir, "start-1") and len(markers(marker_dir, "start-1")) == 1, log
+    (last,) = [x for x in log.splitlines() if "ft-launcher exits" in x]
+    assert "exits 2 (config_error)" in last, last
+    assert "ModuleNotFoundError: No module named 'resiliency_no_such_module'" in last, last
+    assert "configuration or import error in the first attempt" in last
+    verdict = json.loads(status.read_text())
+    assert verdict["diagnoses"][0]["cls"] == "config"

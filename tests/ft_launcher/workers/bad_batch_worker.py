@@ -1,11 +1,14 @@
 """A rank under torch's @record that raises the same ValueError at the same step every attempt.
 
 Rank 1 raises ``ValueError: bad batch at step 3 ...`` (a deterministic data error: no restart can
-fix it); the other ranks heartbeat until they are stopped. Markers: start-<rank>-<attempt>-<pid>.
+fix it), or with a second argument ``import`` imports a module that does not exist (a
+configuration error); the other ranks heartbeat until they are stopped. Markers:
+start-<rank>-<attempt>-<pid>.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -25,6 +28,8 @@ def main() -> None:
     (marker_dir / f"start-{RANK}-{ATTEMPT}-{os.getpid()}").write_text(f"{time.time()}\n")
     client = RankMonitorClient()
     client.init_workload_monitoring()
+    if RANK == 1 and sys.argv[2:] == ["import"]:
+        importlib.import_module("resiliency_no_such_module")
     for step in range(1000):
         client.send_heartbeat()
         if RANK == 1 and step == 3:
