@@ -159,9 +159,10 @@ class FaultToleranceConfig(BaseModel):
         "message, hung frame, or signal). NVIDIA's name. 0: never.",
     )
     restart_storm_restarts: NonNegativeInt = Field(
-        10,
-        description="ft-launcher stops the job (exit 6) when a failure would make this many "
-        "restarts within restart_storm_window, plus one. 0: never.",
+        0,
+        description="ft-launcher stops the job (exit 6) when a failure would make more than "
+        "this many restarts within restart_storm_window (e.g. 10). 0 (the default): never; "
+        "--max-restarts is then the only bound on failures whose causes differ.",
     )
     restart_storm_window: Seconds = Field(
         600.0,
