@@ -81,7 +81,7 @@ if _PREFIX and _RATE > 0:
                 yield _Slow(stream) if str(path).startswith(_PREFIX) else stream
         return create_stream
     _fs.FileSystem.create_stream = _wrap(_fs.FileSystem.create_stream)
-    from resiliency.checkpoint._engine import dcp as _dcp
+    from resiliency.checkpoint._dcp import planning as _dcp
     _dcp.ChecksumFileSystem.create_stream = _wrap(_dcp.ChecksumFileSystem.create_stream)
 """
 

@@ -23,8 +23,8 @@ from resiliency.checkpoint._collectives.json_exchange import (
     gather_json,
     scatter_json,
 )
-from resiliency.checkpoint._engine import dcp as _dcp
-from resiliency.checkpoint._engine.plan_codec import encode_plan
+from resiliency.checkpoint._dcp import planning as _dcp
+from resiliency.checkpoint._dcp.plan_codec import encode_plan
 
 
 def _value(rank: int) -> Any:

@@ -23,8 +23,8 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 
-from resiliency.checkpoint._engine import plan_codec as _plan_codec
-from resiliency.checkpoint._engine.plan_codec import decode_plan, encode_plan
+from resiliency.checkpoint._dcp import plan_codec as _plan_codec
+from resiliency.checkpoint._dcp.plan_codec import decode_plan, encode_plan
 
 WORLD = 2
 

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resiliency.checkpoint import AppState, CheckpointManager, LocalTier, PersistentTier, _replicate
+from resiliency.checkpoint import AppState, CheckpointManager, LocalTier, PersistentTier
+from resiliency.checkpoint._tiers import replicate as _replicate
 from resiliency.goodput import get_recorder
 
 

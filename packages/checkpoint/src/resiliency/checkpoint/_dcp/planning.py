@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 
 from resiliency.checkpoint._collectives import json_exchange as _json_collectives
-from resiliency.checkpoint._engine import plan_codec as _plan_codec
-from resiliency.checkpoint._engine import staging as _staging
+from resiliency.checkpoint._dcp import plan_codec as _plan_codec
+from resiliency.checkpoint._dcp import staging as _staging
 
 try:  # the file-system writer's storage records (private in every torch 2.x)
     from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resiliency.checkpoint import _events
-from resiliency.checkpoint._engine import dcp as _dcp
-from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint import _events, _layout
+from resiliency.checkpoint._dcp import planning as _dcp
 from resiliency.checkpoint._writer.client import (
     STARTUP_TIMEOUT_S,
     WriterDiedError,

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from resiliency.checkpoint import _layout
 from resiliency.checkpoint._collectives import agree as _agree
 from resiliency.checkpoint._collectives import json_exchange as _json_collectives
-from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint._read.verified import load_verified
 from resiliency.checkpoint.errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
 
-logger = logging.getLogger("resiliency.checkpoint.manager")
+logger = logging.getLogger(__name__)
 
 
 def agree_on_step(
@@ -104,14 +104,17 @@ def load_step(
         with warnings.catch_warnings():
             # Each rank loads on its own (below); DCP's "assuming a single process" is noise.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            # no_dist on every rank: DCP's load would exchange the read plans with pickled
-            # object collectives (ARCHITECTURE decision 1), and for these checkpoints the
-            # exchange changes nothing. Every rank reads the global .metadata and plans its
-            # own reads; the global step (DefaultLoadPlanner.create_global_plan and
-            # FileSystemReader.prepare_global_plan, torch 2.13) returns the local plans as
-            # they are. What the exchange gave besides, a failure on one rank raised on
-            # every rank, the JSON all-gather below gives.
-            dcp.load(state, checkpoint_id=path, no_dist=True)
+            # The verified reader loads with no_dist on every rank: DCP's load would exchange
+            # the read plans with pickled object collectives (ARCHITECTURE decision 1), and for
+            # these checkpoints the exchange changes nothing. Every rank reads the global
+            # .metadata and plans its own reads; the global step
+            # (DefaultLoadPlanner.create_global_plan and FileSystemReader.prepare_global_plan,
+            # torch 2.13) returns the local plans as they are. What the exchange gave besides,
+            # a failure on one rank raised on every rank, the JSON all-gather below gives. It
+            # checks only the files this rank reads: every file's size and a share of the
+            # checksums were verified before the step was agreed on, and a file changed since
+            # then fails the load here instead of loading wrong bytes.
+            load_verified(state, path, only_what_it_reads=True)
     except (Exception, CheckpointException) as exc:
         failure = exc
     mine = f"rank {rank}: {failure}" if failure is not None else ""

@@ -17,7 +17,17 @@ storage exactly its own bytes), which ``torch.save`` stores as they lie. Every o
 same pass and handed to DCP's own logic after its file has verified.
 
 A checksum mismatch can leave the tensors already read partly overwritten; the caller treats
-the whole load as failed and loads another copy into the same state (see ``_tiered_restore``).
+the whole load as failed and loads another copy into the same state (see ``_tiers.restore``).
+
+This is the one read path of the package; where the files are and who checks which file are
+its options (:func:`load_verified`):
+
+- a node-local shard directory (the local tier): every file of the manifest is checked;
+- a step on a shared file system (``_engine.restore``): only the files this rank's load plan
+  reads (``only_what_it_reads``), since the step was agreed on after every file's size and a
+  share of the checksums were verified by every rank;
+- an object store (``_remote.read``): each file is first brought into a spool directory
+  (``fetch``), and only the files this rank reads are fetched and checked.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import struct
 import sys
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +54,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint import _layout
 
 _CHUNK = 4 << 20  # CRC-32 each piece while it is still in the CPU's cache
 _STORAGE_RECORD = re.compile(r"(^|/)data/\d+$")
@@ -155,15 +166,41 @@ def _raw_record(fh: io.FileIO, start: int, length: int, nbytes: int) -> int | No
     return _data_offset(fh, start, record)
 
 
-class VerifyingReader(FileSystemReader):
-    """DCP's file-system reader, reading each file once and checking it against ``files``."""
+Fetch = Callable[[str, Path], None]  # (file name, where to put it): raises CorruptShardError
 
-    def __init__(self, path: Path, files: dict[str, dict[str, Any]]) -> None:
+
+class VerifyingReader(FileSystemReader):
+    """DCP's file-system reader, reading each file once and checking it against ``files``.
+
+    Args:
+        path: the directory the files are read from.
+        files: the manifest's entries (name -> size and checksum).
+        fetch: brings a file into ``path`` before it is first read (None: already there).
+        only_what_it_reads: check only the files the load plan reads (and ``.metadata``).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        files: dict[str, dict[str, Any]],
+        *,
+        fetch: Fetch | None = None,
+        only_what_it_reads: bool = False,
+    ) -> None:
         super().__init__(path)
         self._dir = Path(path)
         self._files = files
+        self._fetch, self._only_what_it_reads = fetch, only_what_it_reads
+        self._present: set[str] = set()
         self._checked: set[str] = set()
         self.direct_bytes = 0  # tensor bytes read straight into their targets
+
+    def _bring(self, name: str) -> None:
+        if self._fetch is not None and name not in self._present:
+            if name not in self._files:
+                raise CorruptShardError(f"{self._dir / name}: not in the manifest")
+            self._fetch(name, self._dir / name)
+            self._present.add(name)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -175,6 +212,10 @@ class VerifyingReader(FileSystemReader):
         per_file: dict[str, list[ReadItem]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        if self._only_what_it_reads:  # the other files are other ranks' to check
+            self._files = {
+                n: e for n, e in self._files.items() if n in per_file or n == ".metadata"
+            }
         if any(self.storage_data[r.storage_index].transform_descriptors for r in plan.items):
             # Extension transforms (compression...): check every file, then DCP's own reads.
             for name in self._files:
@@ -200,6 +241,7 @@ class VerifyingReader(FileSystemReader):
     def check_whole(self, name: str) -> None:
         """Check one whole file of the manifest (one read)."""
         size, crc = self._expected(name)
+        self._bring(name)
         path = self._dir / name
         try:
             got_size, got_crc = _layout.file_checksum(path)
@@ -239,6 +281,7 @@ class VerifyingReader(FileSystemReader):
 
     def _read_file(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         size, crc = self._expected(name)
+        self._bring(name)
         path = self._dir / name
         try:
             fh = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below, on every path)
@@ -335,8 +378,23 @@ class VerifyingReader(FileSystemReader):
         planner.commit_tensor(req, target)
 
 
-def load_verified(state: dict[str, Any], directory: Path) -> int:
-    """Load the one-rank DCP checkpoint in ``directory`` into ``state``, verifying every file.
+def load_verified(
+    state: dict[str, Any],
+    directory: Path,
+    *,
+    files: dict[str, dict[str, Any]] | None = None,
+    fetch: Fetch | None = None,
+    only_what_it_reads: bool = False,
+) -> int:
+    """Load the DCP checkpoint in ``directory`` into ``state``, verifying what it reads.
+
+    Args:
+        state: the state to load into (DCP's rules).
+        directory: where the files are (or where ``fetch`` puts them).
+        files: the manifest's entries (default: ``directory``'s ``manifest.json``).
+        fetch: brings each file into ``directory`` before it is first read.
+        only_what_it_reads: check only the files this rank's load plan reads; otherwise
+            every file of the manifest is checked (a shard only this rank loads).
 
     Returns:
         The tensor bytes read straight into ``state``.
@@ -345,11 +403,12 @@ def load_verified(state: dict[str, Any], directory: Path) -> int:
         CorruptShardError: the manifest is unreadable, or a file is missing, torn or corrupt.
         CheckpointException: DCP's error when ``state`` does not match the checkpoint.
     """
-    try:
-        files = _layout.read_manifest(directory)["files"]
-    except ValueError as exc:
-        raise CorruptShardError(str(exc)) from exc
-    reader = VerifyingReader(directory, files)
+    if files is None:
+        try:
+            files = _layout.read_manifest(directory)["files"]
+        except ValueError as exc:
+            raise CorruptShardError(str(exc)) from exc
+    reader = VerifyingReader(directory, files, fetch=fetch, only_what_it_reads=only_what_it_reads)
     # Before DCP unpickles the metadata (DCP would also turn the error into a string).
     for name in files:
         if not name.endswith(".distcp"):

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from resiliency.checkpoint import _layout
 from resiliency.checkpoint._collectives.json_exchange import all_gather_json
-from resiliency.checkpoint._engine import layout as _layout
 from resiliency.checkpoint._engine.commit import (
     IO_FAILED,
     OK,

@@ -1,4 +1,4 @@
-"""A ``CheckpointManager`` whose root is an object store (``s3://``, ``gs://``...) via fsspec.
+"""The object-store engine: a persistent tier at a URL (``s3://``, ``gs://``...) via fsspec.
 
 Saving is the same as on a shared file system up to the writer (planning, staging, the writer
 process), except that each rank's writer writes into a node-local spool directory under file
@@ -27,30 +27,29 @@ from resiliency.checkpoint import _events
 from resiliency.checkpoint._collectives import agree as _agree
 from resiliency.checkpoint._collectives import json_exchange as _json_collectives
 from resiliency.checkpoint._engine.commit import Save
+from resiliency.checkpoint._engine.pipeline import SavePipeline
 from resiliency.checkpoint._remote import commit as _remote_commit
 from resiliency.checkpoint._remote import read as _remote_read
 from resiliency.checkpoint._remote.store import RemoteRoot, RemoteStoreError
 from resiliency.checkpoint._writer.client import STARTUP_TIMEOUT_S, WriterProcess
 from resiliency.checkpoint.errors import CheckpointCorruptError, CheckpointError, NoCheckpointError
-from resiliency.checkpoint.manager import CheckpointManager
 from resiliency.checkpoint.tiers import PersistentTier
 
-logger = logging.getLogger("resiliency.checkpoint.manager")
+logger = logging.getLogger(__name__)
 
 
-class RemoteCheckpointManager(CheckpointManager):
-    """``CheckpointManager`` on an object store (see the module docstring).
+class ObjectStoreEngine(SavePipeline):
+    """The save pipeline and a verified load over an object store (see the module docstring).
 
     Args:
         tier: the persistent tier: its URL, retention, storage options and spool directory.
         async_save: as for ``CheckpointManager``.
-        process_group: as for ``CheckpointManager``.
+        control_group: the gloo group of the small collectives (None: one process).
         writer_timeout_s: as for ``CheckpointManager``; also the deadline of every single
             call into the store (an upload, a download, a listing).
         eager_writer: as for ``CheckpointManager``.
     """
 
-    _accepts_urls = True
     # Spool files are uploaded, then deleted: flushing them to the local disk first buys nothing.
     _sync_files = False
 
@@ -58,10 +57,10 @@ class RemoteCheckpointManager(CheckpointManager):
         self,
         tier: PersistentTier,
         *,
-        async_save: bool = True,
-        process_group: dist.ProcessGroup | None = None,
-        writer_timeout_s: float = 600.0,
-        eager_writer: bool = True,
+        async_save: bool,
+        control_group: dist.ProcessGroup | None,
+        writer_timeout_s: float,
+        eager_writer: bool,
     ) -> None:
         self._spec = tier
         self.url = str(tier.path).rstrip("/")
@@ -70,12 +69,13 @@ class RemoteCheckpointManager(CheckpointManager):
             keep_last=tier.keep_last,
             keep_every=tier.keep_every,
             async_save=async_save,
-            process_group=process_group,
+            control_group=control_group,
             writer_timeout_s=writer_timeout_s,
+            tier="persistent",
             eager_writer=eager_writer,
         )
 
-    def _open_root(self, root: str | Path) -> Path:
+    def _open_root(self, root: Any) -> Path:
         self._store = RemoteRoot(self.url, self._spec.storage_options, self.writer_timeout_s)
         # Outlasts every bounded wait of a completion (writer start-up and save, upload, commit)
         # so that only a dead or silent rank ever times its collectives out.
@@ -101,7 +101,7 @@ class RemoteCheckpointManager(CheckpointManager):
         return spool
 
     def close(self) -> None:
-        """As the base class; then remove this manager's (empty) spool directory."""
+        """As the pipeline's; then remove this engine's (empty) spool directory."""
         try:
             super().close()
         finally:
@@ -149,7 +149,7 @@ class RemoteCheckpointManager(CheckpointManager):
 
     # ------------------------------------------------------------------ load
     def load(self, state: dict[str, Any], step: int | None = None) -> int | None:
-        """Load the newest step that verifies on every rank (or ``step``); as the base class."""
+        """Load the newest step that verifies on every rank (or ``step``) into ``state``."""
         t0 = self._begin_load()
         listing = self.steps()
         if step is not None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint import _layout
 from resiliency.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)

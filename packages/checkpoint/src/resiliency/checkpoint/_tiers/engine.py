@@ -1,8 +1,9 @@
-"""A ``CheckpointManager`` over several tiers: each tier on its own cadence, restore by tier.
+"""The tiered engine: several tiers, each on its own cadence, restore by tier.
 
-``CheckpointManager(root_or_None, tiers=[...])`` builds one of these and forwards every public
-call to it. The persistent tier is an ordinary (single-tier) ``CheckpointManager``; the local
-tier is a :class:`~resiliency.checkpoint._tiers.local.LocalSaver`. Each tier has at most one save
+``CheckpointManager(root_or_None, tiers=[...])`` (or an object-store root) builds one of these
+and forwards every call to it. The persistent tier is a single-root engine: the file-system one
+(``_engine.file_system``) or the object-store one (``_remote.engine``); the local tier is a
+:class:`~resiliency.checkpoint._tiers.local.LocalSaver`. Each tier has at most one save
 in flight; a step due on both tiers is staged for both.
 """
 
@@ -17,7 +18,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from resiliency.checkpoint._engine import dcp as _dcp
+from resiliency.checkpoint._dcp import planning as _dcp
+from resiliency.checkpoint._engine.file_system import FileSystemEngine
+from resiliency.checkpoint._engine.pipeline import SaveHandle
+from resiliency.checkpoint._remote.engine import ObjectStoreEngine
+from resiliency.checkpoint._tiers import holdings as _holdings
 from resiliency.checkpoint._tiers import restore as _tiered_restore
 from resiliency.checkpoint._tiers.local import LocalSave, LocalSaver
 from resiliency.checkpoint.errors import CheckpointError, SaveFailedError
@@ -26,12 +31,13 @@ from resiliency.checkpoint.tiers import LocalTier, PersistentTier
 logger = logging.getLogger(__name__)
 
 
-class TieredSaveHandle:
-    """The handle of one save on one or more tiers (``SaveHandle``'s interface)."""
+class TieredSaveHandle(SaveHandle):
+    """The handle of one save on one or more tiers: a ``SaveHandle`` over each tier's save."""
 
     def __init__(
-        self, owner: TieredCheckpoints, step: int, local: LocalSave | None, persistent: Any
+        self, owner: TieredEngine, step: int, local: LocalSave | None, persistent: Any
     ) -> None:
+        # Not SaveHandle.__init__: a tiered save has no single pipeline save to resolve.
         self._owner = owner
         self.step = step
         self._local = local
@@ -96,8 +102,16 @@ def _split(
     return (local[0] if local else None), (persistent[0] if persistent else None)
 
 
-class TieredCheckpoints:
-    """The multi-tier engine behind ``CheckpointManager(..., tiers=...)``."""
+class TieredEngine:
+    """The multi-tier engine behind ``CheckpointManager(..., tiers=...)``.
+
+    Args:
+        root: the persistent directory, when it is not given as a ``PersistentTier``.
+        tiers: at most one ``LocalTier`` and one ``PersistentTier``.
+        async_save: as for ``CheckpointManager``.
+        writer_timeout_s: as for ``CheckpointManager``.
+        control_group: the gloo group of the small collectives (None: one process).
+    """
 
     def __init__(
         self,
@@ -105,34 +119,31 @@ class TieredCheckpoints:
         tiers: Sequence[Any],
         *,
         async_save: bool,
-        process_group: dist.ProcessGroup | None,
         writer_timeout_s: float,
         control_group: dist.ProcessGroup | None,
     ) -> None:
-        from resiliency.checkpoint._remote.engine import RemoteCheckpointManager  # noqa: PLC0415 -- as below
-        from resiliency.checkpoint.manager import CheckpointManager  # noqa: PLC0415 -- the manager imports us
-
         self.local_tier, self.persistent_tier = _split(root, tiers)
         self.async_save = async_save
         self.group = control_group
         self.rank = dist.get_rank(control_group) if control_group is not None else 0
         self.world = dist.get_world_size(control_group) if control_group is not None else 1
+        self.world_size = self.world
         self.persistent: Any = None
         if self.persistent_tier is not None and self.persistent_tier.is_remote():
-            self.persistent = RemoteCheckpointManager(
+            self.persistent = ObjectStoreEngine(
                 self.persistent_tier,
                 async_save=async_save,
-                process_group=process_group,
+                control_group=control_group,
                 writer_timeout_s=writer_timeout_s,
                 eager_writer=self.local_tier is None,
             )
         elif self.persistent_tier is not None:
-            self.persistent = CheckpointManager(
+            self.persistent = FileSystemEngine(
                 self.persistent_tier.local_path(),
                 keep_last=self.persistent_tier.keep_last,
                 keep_every=self.persistent_tier.keep_every,
                 async_save=async_save,
-                process_group=process_group,
+                control_group=control_group,
                 writer_timeout_s=writer_timeout_s,
                 # After a restart every rank starts its writers at once, each importing torch;
                 # the local tier's saves come first and often, so only its writer starts now.
@@ -192,8 +203,6 @@ class TieredCheckpoints:
 
     def steps(self) -> list[int]:
         """Steps this rank sees committed on any tier (a listing; ``load`` verifies)."""
-        from resiliency.checkpoint._tiers import holdings as _holdings  # noqa: PLC0415
-
         found: set[int] = set()
         if self.local is not None:
             found |= {

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from resiliency.checkpoint import _layout
 from resiliency.checkpoint._collectives.json_exchange import all_gather_json
-from resiliency.checkpoint._engine import layout as _layout
 
 logger = logging.getLogger(__name__)
 

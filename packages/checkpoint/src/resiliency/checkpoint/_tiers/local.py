@@ -38,10 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from resiliency.checkpoint import _events
-from resiliency.checkpoint._engine import dcp as _dcp
-from resiliency.checkpoint._engine import layout as _layout
-from resiliency.checkpoint._engine import staging as _staging
+from resiliency.checkpoint import _events, _layout
+from resiliency.checkpoint._dcp import planning as _dcp
+from resiliency.checkpoint._dcp import staging as _staging
 from resiliency.checkpoint._engine.root_check import ensure_writable
 from resiliency.checkpoint._tiers import holdings as _holdings
 from resiliency.checkpoint._tiers import replicate as _replicate

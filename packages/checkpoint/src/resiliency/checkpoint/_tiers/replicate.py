@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from resiliency.checkpoint._engine import layout as _layout
+from resiliency.checkpoint import _layout
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from resiliency.checkpoint import _events
+from resiliency.checkpoint import _events, _layout
 from resiliency.checkpoint._collectives import json_exchange as _json_collectives
-from resiliency.checkpoint._engine import layout as _layout
 from resiliency.checkpoint._read import verified as _verified_read
 from resiliency.checkpoint._tiers import holdings as _holdings
 from resiliency.checkpoint._tiers import replicate as _replicate
@@ -51,7 +50,7 @@ class TieredRestore:
         world: int,
         group: dist.ProcessGroup | None,
         local: Any | None,  # a LocalSaver
-        persistent: Any | None,  # a CheckpointManager without tiers
+        persistent: Any | None,  # a single-root engine (file system or object store)
     ) -> None:
         self.rank, self.world, self.group = rank, world, group
         self.local, self.persistent = local, persistent

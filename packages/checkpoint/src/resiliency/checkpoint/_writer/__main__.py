@@ -29,8 +29,8 @@ _PR_SET_PDEATHSIG = 1
 def _serve(sock: socket.socket) -> None:
     import torch  # noqa: PLC0415 -- warm-up happens here, before "ready"
 
-    from resiliency.checkpoint._engine import dcp as _dcp  # noqa: PLC0415
-    from resiliency.checkpoint._engine import staging as _staging  # noqa: PLC0415
+    from resiliency.checkpoint._dcp import planning as _dcp  # noqa: PLC0415
+    from resiliency.checkpoint._dcp import staging as _staging  # noqa: PLC0415
     from resiliency.checkpoint._writer import protocol as _protocol  # noqa: PLC0415
 
     torch.set_num_threads(1)
