@@ -1,0 +1,33 @@
+"""resiliency.inprocess: restart a distributed training function inside the same processes.
+
+A drop-in for ``nvidia_resiliency_ext.inprocess`` (0.4 names and meanings) that also runs on
+CPU with gloo. See docs/inprocess.md.
+"""
+
+from resiliency.inprocess import (
+    abort,
+    exception,
+    finalize,
+    health_check,
+    initialize,
+    rank_assignment,
+    state,
+)
+from resiliency.inprocess.compose import Compose
+from resiliency.inprocess.exception import InternalError, RestartError
+from resiliency.inprocess.wrap import CallWrapper, Wrapper
+
+__all__ = [
+    "CallWrapper",
+    "Compose",
+    "InternalError",
+    "RestartError",
+    "Wrapper",
+    "abort",
+    "exception",
+    "finalize",
+    "health_check",
+    "initialize",
+    "rank_assignment",
+    "state",
+]

@@ -1,0 +1,124 @@
+"""Validation of ``Wrapper``'s arguments: types, the order of the timeouts, unknown names."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from datetime import timedelta
+from typing import Any
+
+from resiliency.inprocess.exception import ConfigError
+
+log = logging.getLogger(__name__)
+
+TIMEDELTAS = (
+    "monitor_thread_interval",
+    "monitor_process_interval",
+    "heartbeat_interval",
+    "progress_watchdog_interval",
+    "soft_timeout",
+    "hard_timeout",
+    "heartbeat_timeout",
+    "barrier_timeout",
+    "completion_timeout",
+    "last_call_wait",
+    "termination_grace_time",
+)
+
+# NVRx's own order constraints (each pair: the first must be shorter than the second).
+ORDER = (
+    ("soft_timeout", "hard_timeout"),
+    ("hard_timeout", "barrier_timeout"),
+    ("monitor_process_interval", "barrier_timeout"),
+    ("heartbeat_timeout", "barrier_timeout"),
+    ("heartbeat_interval", "heartbeat_timeout"),
+    ("monitor_process_interval", "heartbeat_timeout"),
+    ("monitor_process_interval", "soft_timeout"),
+    ("monitor_thread_interval", "soft_timeout"),
+    ("progress_watchdog_interval", "soft_timeout"),
+)
+
+# Arguments of other NVRx releases that this wrapper does not have, and why.
+NOT_SUPPORTED = {
+    "rank_filter": "deprecated in NVRx 0.4 and removed here; use rank_assignment",
+    "completion": "an NVRx 0.5 callback, not in 0.4; run the code after the wrapped call returns",
+    "terminate": "an NVRx 0.5 callback, not in 0.4; catch the exception the wrapped call raises",
+    "monitor_process_pidfile": "an NVRx 0.5 argument; there is no monitor process here yet",
+}
+
+STORE_KWARGS = ("host_name", "port", "timeout")
+
+
+def reject_unknown(unknown: dict[str, Any], known: tuple[str, ...]) -> None:
+    """Raise for keyword arguments ``Wrapper`` does not take, naming the closest valid one.
+
+    Raises:
+        ConfigError: an unknown or unsupported argument was passed.
+    """
+    for name in unknown:
+        if name in NOT_SUPPORTED:
+            raise ConfigError(f"Wrapper({name}=...) is not supported: {NOT_SUPPORTED[name]}")
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"Wrapper() got an unknown argument {name!r}{hint}")
+
+
+def check_timedeltas(values: dict[str, Any]) -> None:
+    """Check every interval and timeout is a positive ``timedelta``, in NVRx's order.
+
+    Raises:
+        ConfigError: a wrong type, a negative value, or two timeouts in the wrong order.
+    """
+    for name in TIMEDELTAS:
+        value = values[name]
+        if not isinstance(value, timedelta):
+            raise ConfigError(
+                f"Wrapper({name}={value!r}): expected a datetime.timedelta, e.g. "
+                f"{name}=timedelta(seconds={value if isinstance(value, int | float) else 1})"
+            )
+        if value < timedelta(0):
+            raise ConfigError(f"Wrapper({name}={value}): must not be negative")
+    for shorter, longer in ORDER:
+        if not values[shorter] < values[longer]:
+            raise ConfigError(
+                f"Wrapper: {shorter} ({values[shorter].total_seconds():g} s) must be shorter "
+                f"than {longer} ({values[longer].total_seconds():g} s)"
+            )
+
+
+def check_callback(name: str, value: Any, base: type, *, optional: bool = True) -> None:
+    """Check a callback argument is an instance of its NVRx base class (or None).
+
+    Raises:
+        ConfigError: the value is of the wrong kind.
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, base):
+        raise ConfigError(
+            f"Wrapper({name}={value!r}): expected an instance of "
+            f"resiliency.inprocess.{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"
+            f"{' or None' if optional else ''} (compose several with inprocess.Compose)"
+        )
+
+
+def check_store_kwargs(store_kwargs: dict[str, Any] | None, custom_factory: bool) -> None:
+    """Check the keyword arguments of the built-in store (anything goes for a custom factory).
+
+    Raises:
+        ConfigError: not a dict, or an unknown key for the built-in store.
+    """
+    if store_kwargs is None:
+        return
+    if not isinstance(store_kwargs, dict):
+        raise ConfigError(f"Wrapper(store_kwargs={store_kwargs!r}): expected a dict or None")
+    if custom_factory:
+        return
+    for key in store_kwargs:
+        if key not in STORE_KWARGS:
+            close = difflib.get_close_matches(key, STORE_KWARGS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"Wrapper(store_kwargs): unknown key {key!r} for the built-in store "
+                f"(valid: {', '.join(STORE_KWARGS)}){hint}"
+            )

@@ -1,0 +1,148 @@
+"""The keys the ranks share in the wrapper's store, and what each one means.
+
+Everything is JSON or a decimal counter: nothing crossing processes is pickled. Ranks are
+named by their *initial* rank (stable for the process's life); an iteration's keys live under
+``<iteration>/``. Global keys:
+
+``hb/<initial>``            heartbeat counter, bumped every ``heartbeat_interval``
+``terminated``              ``"<initial>,"`` appended for every rank that left the job
+``terminated/<initial>``    JSON: why it left
+
+Per iteration ``n``:
+
+``n/faults``                counter of fault reports
+``n/fault/<initial>``       JSON fault record (kind, reason, where, time)
+``n/arrived``               ``"<initial>,"`` appended by each rank at the restart barrier
+``n/decided``               the agreed survivors (first writer wins, ``compare_set``)
+``n/completed``             counter of ranks whose function returned
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from resiliency.inprocess.exception import InternalError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "resiliency.inprocess/"
+
+
+def _int_list(raw: bytes) -> list[int]:
+    return [int(item) for item in raw.decode().split(",") if item.strip()]
+
+
+class RestartStore:
+    """Typed access to the wrapper's keys (see the module docstring) on one store client."""
+
+    def __init__(self, store: dist.Store) -> None:
+        # Any: torch's stubs lack Store.append, which torch 2.13 has.
+        self.store: Any = dist.PrefixStore(PREFIX, store)
+
+    def _count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    def _list(self, key: str) -> list[int]:
+        if not self.store.check([key]):
+            return []
+        return _int_list(self.store.get(key))
+
+    # heartbeats and departures, for the life of the job
+    def heartbeat(self, initial: int) -> None:
+        """Bump this rank's heartbeat counter."""
+        self.store.add(f"hb/{initial}", 1)
+
+    def heartbeats(self, initials: list[int]) -> dict[int, int]:
+        """Read the heartbeat counters of the given ranks."""
+        return {r: self._count(f"hb/{r}") for r in initials}
+
+    def mark_terminated(self, initial: int, reason: str) -> None:
+        """Record that a rank left the job, and why."""
+        self.store.set(f"terminated/{initial}", json.dumps({"reason": reason, "time": time.time()}))
+        self.store.append("terminated", f"{initial},")
+
+    def terminated(self) -> set[int]:
+        """Initial ranks that left the job."""
+        return set(self._list("terminated"))
+
+    def termination_reason(self, initial: int) -> str:
+        """Why a rank left (its record, or "unknown")."""
+        key = f"terminated/{initial}"
+        if not self.store.check([key]):
+            return "unknown"
+        return str(json.loads(self.store.get(key)).get("reason", "unknown"))
+
+    # one restart iteration
+    def report_fault(self, iteration: int, initial: int, record: dict[str, Any]) -> None:
+        """Publish this rank's fault for ``iteration``; every monitor sees the counter move."""
+        self.store.set(f"{iteration}/fault/{initial}", json.dumps(record, default=str))
+        self.store.add(f"{iteration}/faults", 1)
+
+    def fault_count(self, iteration: int) -> int:
+        """How many faults were reported in ``iteration``."""
+        return self._count(f"{iteration}/faults")
+
+    def faults(self, iteration: int, initials: list[int]) -> dict[int, dict[str, Any]]:
+        """The fault records of ``iteration`` published by the given ranks."""
+        out = {}
+        for r in initials:
+            key = f"{iteration}/fault/{r}"
+            if self.store.check([key]):
+                out[r] = json.loads(self.store.get(key))
+        return out
+
+    def arrive(self, iteration: int, initial: int) -> None:
+        """Enter the restart barrier of ``iteration``."""
+        self.store.append(f"{iteration}/arrived", f"{initial},")
+
+    def arrived(self, iteration: int) -> set[int]:
+        """Initial ranks at the restart barrier of ``iteration``."""
+        return set(self._list(f"{iteration}/arrived"))
+
+    def decide(self, iteration: int, survivors: list[int]) -> list[int]:
+        """Propose the survivors of ``iteration``; return the value every rank agrees on."""
+        key = f"{iteration}/decided"
+        proposal = ",".join(str(r) for r in sorted(survivors))
+        agreed = self.store.compare_set(key, "", proposal)
+        return _int_list(agreed)
+
+    def complete(self, iteration: int) -> None:
+        """Record that this rank's function returned in ``iteration``."""
+        self.store.add(f"{iteration}/completed", 1)
+
+    def completed(self, iteration: int) -> int:
+        """How many ranks' functions returned in ``iteration``."""
+        return self._count(f"{iteration}/completed")
+
+
+def connect(
+    host: str, port: int, *, is_master: bool, world_size: int, timeout: timedelta
+) -> dist.Store:
+    """Open a TCPStore client (or the server, on the hosting rank), with a clear error.
+
+    Raises:
+        InternalError: the store could not be reached or bound within ``timeout``.
+    """
+    try:
+        return dist.TCPStore(
+            host,
+            port,
+            world_size if is_master else None,
+            is_master,
+            timeout=timeout,
+            wait_for_workers=False,
+            use_libuv=True,
+        )
+    except (RuntimeError, OSError) as exc:
+        role = "host" if is_master else "reach"
+        raise InternalError(
+            f"could not {role} the in-process restart store at {host}:{port} within "
+            f"{timeout.total_seconds():g} s ({exc}); set store_kwargs={{'port': ...}} to a free "
+            "port reachable from every node, or check that rank 0 is alive"
+        ) from exc

@@ -1,0 +1,36 @@
+"""The errors of resiliency.inprocess, under NVRx's names.
+
+``RestartError`` is the package's one base error. ``RestartAbort`` and ``RankShouldRestart``
+derive from ``BaseException`` on purpose, as in NVRx: a training loop's ``except Exception``
+must not swallow them.
+"""
+
+from __future__ import annotations
+
+
+class RestartError(Exception):
+    """Base error of resiliency.inprocess."""
+
+
+class ConfigError(RestartError, ValueError):
+    """A bad argument to ``Wrapper`` or a helper: wrong type, order of timeouts, unknown name."""
+
+
+class HealthCheckError(RestartError):
+    """A health check failed on this rank: it leaves the job instead of restarting."""
+
+
+class InternalError(RestartError):
+    """The restart machinery itself failed (a store that went away, a broken callback)."""
+
+
+class TimeoutError(RestartError):  # NVRx's name, kept for drop-in imports
+    """A wait of the restart machinery passed its deadline (barrier, completion, finalize)."""
+
+
+class RestartAbort(BaseException):
+    """Raised by user code or a callback: stop restarting, on this rank, at once."""
+
+
+class RankShouldRestart(BaseException):
+    """Raised in the main thread when a fault elsewhere asks this rank to restart."""

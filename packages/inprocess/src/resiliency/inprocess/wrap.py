@@ -1,0 +1,511 @@
+"""``Wrapper`` and ``CallWrapper``: restart the wrapped function in the same processes.
+
+On a fault in any rank (an exception, a hang seen by a monitor thread, a peer's fault seen
+through the store, a dead peer) every surviving rank aborts its process groups, runs
+``finalize`` and ``health_check``, meets the others at a store barrier where ranks are
+reassigned, and calls the function again. See docs/inprocess.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import inspect
+import logging
+import os
+import threading
+import time
+import traceback
+import typing
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from resiliency.inprocess import _arguments, _barriers, _gloo_sockets, _torch_compat
+from resiliency.inprocess._heartbeat import Heartbeat
+from resiliency.inprocess._interrupt import Interrupter
+from resiliency.inprocess._liveness import Liveness
+from resiliency.inprocess._monitor import Monitor
+from resiliency.inprocess._progress import Progress
+from resiliency.inprocess._restart_store import RestartStore, connect
+from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_baseline
+from resiliency.inprocess.compose import Compose
+from resiliency.inprocess.exception import (
+    ConfigError,
+    HealthCheckError,
+    RankShouldRestart,
+    RestartAbort,
+    RestartError,
+)
+from resiliency.inprocess.finalize import Finalize
+from resiliency.inprocess.health_check import HealthCheck
+from resiliency.inprocess.initialize import Initialize
+from resiliency.inprocess.rank_assignment import (
+    ActivateAllRanks,
+    RankAssignment,
+    RankAssignmentCtx,
+    RankDiscarded,
+    ShiftRanks,
+)
+from resiliency.inprocess.state import Mode, State
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Seconds the main thread sleeps (GIL released) before freeing a failed call's objects.
+_DRAIN_S = 0.05
+_TERMINAL = (RestartAbort, KeyboardInterrupt, SystemExit, RestartError)
+
+
+class Wrapper:
+    """Decorator that restarts a distributed training function in-process on a fault.
+
+    Keyword arguments, names, defaults and meanings are NVRx 0.4's (see
+    docs/coming_from_nvidia_resiliency_ext.md for the few differences).
+
+    Args:
+        store_factory: returns the store the ranks coordinate through, called as
+            ``store_factory(**store_kwargs)``; None: a TCPStore hosted by rank 0 at
+            ``MASTER_ADDR:MASTER_PORT+1``.
+        store_kwargs: for the built-in store: ``host_name``, ``port``, ``timeout``.
+        initialize: run at the start of every iteration.
+        abort: ends pending collectives on a fault (default: ``AbortTorchDistributed()``).
+        finalize: rank-local clean-up after the abort.
+        health_check: after the abort; raising takes the rank out of the job.
+        rank_assignment: reassigns ranks after a fault (default: shift ranks down, all active).
+        monitor_thread_interval: how often the monitor thread looks for faults.
+        monitor_process_interval: accepted; there is no separate monitor process yet.
+        heartbeat_interval: how often a rank bumps its heartbeat counter.
+        progress_watchdog_interval: accepted; progress is sampled every monitor interval.
+        soft_timeout: no progress for this long: the rank is aborted and restarts.
+        hard_timeout: still not out of the function this long after the last progress: the
+            rank is terminated (stacks dumped, SIGTERM, SIGKILL after the grace time).
+        heartbeat_timeout: a peer silent this long is declared gone.
+        barrier_timeout: deadline of the start and restart barriers.
+        completion_timeout: deadline of the barrier after the function returned.
+        last_call_wait: accepted; the restart barrier already waits for every rank.
+        termination_grace_time: between SIGTERM and SIGKILL of a terminated rank.
+        monitor_process_logfile: accepted with a warning (no monitor process yet).
+        enabled: False returns the function unwrapped.
+
+    Raises:
+        ConfigError: a wrong type, an unknown argument, or timeouts out of order.
+    """
+
+    def __init__(
+        self,
+        *,
+        store_factory: Callable[..., dist.Store] | None = None,
+        store_kwargs: dict[str, Any] | None = None,
+        initialize: Initialize | None = None,
+        abort: Abort | None = None,
+        finalize: Finalize | None = None,
+        health_check: HealthCheck | None = None,
+        rank_assignment: RankAssignment | None = None,
+        monitor_thread_interval: timedelta = timedelta(seconds=1),
+        monitor_process_interval: timedelta = timedelta(seconds=1),
+        heartbeat_interval: timedelta = timedelta(seconds=1),
+        progress_watchdog_interval: timedelta = timedelta(seconds=1),
+        soft_timeout: timedelta = timedelta(seconds=60),
+        hard_timeout: timedelta = timedelta(seconds=90),
+        heartbeat_timeout: timedelta = timedelta(seconds=30),
+        barrier_timeout: timedelta = timedelta(seconds=120),
+        completion_timeout: timedelta = timedelta(seconds=120),
+        last_call_wait: timedelta = timedelta(seconds=1),
+        termination_grace_time: timedelta = timedelta(seconds=5),
+        monitor_process_logfile: str | None = None,
+        enabled: bool = True,
+        **unknown: Any,
+    ) -> None:
+        values = dict(locals())
+        _arguments.reject_unknown(unknown, tuple(inspect.signature(Wrapper).parameters))
+        _arguments.check_timedeltas(values)
+        if store_factory is not None and not callable(store_factory):
+            raise ConfigError(f"Wrapper(store_factory={store_factory!r}): expected a callable")
+        _arguments.check_store_kwargs(store_kwargs, store_factory is not None)
+        _arguments.check_callback("initialize", initialize, Initialize)
+        _arguments.check_callback("abort", abort, Abort)
+        _arguments.check_callback("finalize", finalize, Finalize)
+        _arguments.check_callback("health_check", health_check, HealthCheck)
+        _arguments.check_callback("rank_assignment", rank_assignment, RankAssignment)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
+        if monitor_process_logfile is not None:
+            log.warning(
+                "Wrapper(monitor_process_logfile=%r) has no effect: this wrapper runs no "
+                "separate monitor process; its logs go to the rank's own log",
+                monitor_process_logfile,
+            )
+        self.store_factory = store_factory
+        self.store_kwargs = dict(store_kwargs or {})
+        self.initialize = initialize
+        self.abort = AbortTorchDistributed() if abort is None else abort
+        self.finalize = finalize
+        self.health_check = health_check
+        self.rank_assignment = rank_assignment or Compose(ActivateAllRanks(), ShiftRanks())
+        self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
+        self.enabled = enabled
+
+    def __call__(self, fn: F) -> F:
+        """Wrap ``fn``; each call of the result runs the restart loop around it."""
+        if not self.enabled:
+            return fn
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with CallWrapper(self) as call_wrapper:
+                return call_wrapper(fn, args, kwargs)
+
+        return typing.cast(F, wrapped)
+
+
+def _is_collective_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because a peer's connection went away."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo" in text or "Connection closed" in text)
+
+
+def _wants_call_wrapper(fn: Callable[..., Any]) -> list[str]:
+    """Names of ``fn``'s parameters annotated ``CallWrapper`` or ``Optional[CallWrapper]``."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: fall back on the raw ones
+        hints = getattr(fn, "__annotations__", {})
+    names = []
+    for name, hint in hints.items():
+        if name == "return":
+            continue
+        options = typing.get_args(hint) or (hint,)
+        if any(opt is CallWrapper or opt == "CallWrapper" for opt in options) or hint in (
+            "CallWrapper",
+            "Optional[CallWrapper]",
+            "CallWrapper | None",
+        ):
+            names.append(name)
+    return names
+
+
+class CallWrapper:
+    """One call of a wrapped function: its state, store and restart loop.
+
+    The wrapped function receives it through any parameter annotated ``CallWrapper`` (or
+    ``Optional[CallWrapper]``).
+    """
+
+    def __init__(self, wrapper: Wrapper) -> None:
+        if dist.is_available() and dist.is_initialized():
+            raise ConfigError(
+                "torch.distributed is already initialized when the wrapped function is called: "
+                "call init_process_group inside the wrapped function, so a restart can re-create it"
+            )
+        self.wrapper = wrapper
+        self.state = State.from_env()
+        self.timeouts = wrapper.timeouts
+        self.atomic_lock = threading.RLock()
+        self.progress = Progress()
+        self.interrupter = Interrupter()
+        self._heartbeat: Heartbeat | None = None
+        self._members = list(range(self.state.world_size))
+        self._hosting = False
+        try:
+            raw, self._store_ports = self._open_store()
+            self.store = RestartStore(raw)
+            self._raw_store = raw
+            self._heartbeat = Heartbeat(
+                lambda: self.store, self.state.initial_rank, self.timeouts["heartbeat_interval"]
+            )
+            self._heartbeat.start()
+            _barriers.start_barrier(
+                self.store, self.state.rank, self.state.world_size, self.timeouts["barrier_timeout"]
+            )
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _open_store(self) -> tuple[dist.Store, set[int]]:
+        wrapper = self.wrapper
+        if wrapper.store_factory is not None:
+            store = wrapper.store_factory(**wrapper.store_kwargs)
+            port = getattr(store, "port", None)
+            return store, {port} if isinstance(port, int) else set()
+        kwargs = wrapper.store_kwargs
+        host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        if "port" in kwargs:
+            port = int(kwargs["port"])
+        elif os.environ.get("MASTER_PORT", "").isdigit():
+            port = int(os.environ["MASTER_PORT"]) + 1
+        else:
+            raise ConfigError(
+                "resiliency.inprocess: MASTER_PORT is not set: pass store_kwargs={'port': ...} "
+                "or start the job with torchrun"
+            )
+        timeout = kwargs.get("timeout", timedelta(seconds=self.timeouts["barrier_timeout"]))
+        self._hosting = self.state.rank == 0
+        store = connect(
+            host,
+            port,
+            is_master=self._hosting,
+            world_size=self.state.world_size,
+            timeout=timeout,
+        )
+        return store, {port}
+
+    def __enter__(self) -> CallWrapper:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        try:
+            if getattr(self, "store", None) is not None:
+                _barriers.leave(
+                    self.store,
+                    me=self.state.initial_rank,
+                    hosting=self._hosting,
+                    world=self.state.initial_world_size,
+                    timeout=self.timeouts["completion_timeout"],
+                )
+        except Exception as exc:
+            log.warning("rank %d: leaving the restart store failed: %s", self.state.rank, exc)
+        finally:
+            if self._heartbeat is not None:
+                self._heartbeat.stop(self.timeouts["heartbeat_interval"] + 1.0)
+            self.interrupter.close()
+
+    @property
+    def iteration(self) -> int:
+        """Index of the current restart iteration (0 for the first call)."""
+        return self.state.iteration
+
+    def ping(self) -> None:
+        """Report progress: the soft and hard timeouts count from the latest ping."""
+        self.progress.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A block the abort never runs in the middle of (e.g. an optimizer step)."""
+        with self.atomic_lock:
+            yield
+
+    def __call__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run ``fn`` until it returns on every active rank, restarting it on faults."""
+        kwargs = dict(kwargs)
+        for name in _wants_call_wrapper(fn):
+            if kwargs.get(name) is None:
+                kwargs[name] = self
+        state = self.state
+        ctx = self.wrapper.rank_assignment(RankAssignmentCtx(state, self._raw_store, set()))
+        self.state = state = ctx.state
+        state.set_distributed_vars()
+        while True:
+            exc, ret = self._run_iteration(fn, args, kwargs)
+            if exc is None:
+                return ret
+            self._restart(exc)
+
+    def _run_iteration(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[BaseException | None, Any]:
+        state = self.state
+        store = self.store
+        store.store.set(f"{state.iteration}/rank/{state.initial_rank}", str(state.rank))
+        peers = [r for r in self._members if r != state.initial_rank]
+        self.progress.reset()
+        # Whatever the abort callback did, the new groups must be named alike on every rank.
+        _torch_compat.reset_group_names()
+        set_socket_baseline(_gloo_sockets.snapshot(), self._store_ports)
+        monitor = Monitor(
+            store=store,
+            state=state.freeze(),
+            peers=peers,
+            progress=self.progress,
+            interrupter=self.interrupter,
+            abort=self.wrapper.abort,
+            atomic_lock=self.atomic_lock,
+            timeouts={
+                "interval": self.timeouts["monitor_thread_interval"],
+                "soft": self.timeouts["soft_timeout"],
+                "hard": self.timeouts["hard_timeout"],
+                "heartbeat": self.timeouts["heartbeat_timeout"],
+                "grace": self.timeouts["termination_grace_time"],
+            },
+        )
+        self._monitor = monitor
+        started = time.monotonic()
+        monitor.start()
+        try:
+            if self.wrapper.initialize is not None:
+                self.wrapper.initialize(state.freeze())
+            ret = None
+            if state.mode == Mode.ACTIVE:
+                log.info(
+                    "rank %d: iteration %d: calling %s (world size %d)",
+                    state.rank,
+                    state.iteration,
+                    getattr(fn, "__name__", fn),
+                    state.active_world_size,
+                )
+                self.interrupter.arm()
+                try:
+                    ret = fn(*args, **kwargs)
+                finally:
+                    self.interrupter.disarm()
+                store.complete(state.iteration)
+            _barriers.completion_barrier(
+                store,
+                iteration=state.iteration,
+                me=state.rank,
+                active=state.active_world_size or 0,
+                timeout=self.timeouts["completion_timeout"],
+            )
+            log.info(
+                "rank %d: iteration %d: completed in %.3f s",
+                state.rank,
+                state.iteration,
+                time.monotonic() - started,
+            )
+            return None, ret
+        except RankShouldRestart as exc:
+            return exc, None
+        except _TERMINAL as exc:
+            self._leave_job(exc)
+            raise
+        except Exception as exc:
+            return exc, None
+        finally:
+            monitor.stop()
+
+    def _leave_job(self, exc: BaseException) -> None:
+        """This rank stops for good: tell the others before going."""
+        reason = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "rank %d: iteration %d: leaving the job: %s",
+            self.state.rank,
+            self.state.iteration,
+            reason,
+        )
+        try:
+            self.store.mark_terminated(self.state.initial_rank, reason)
+        except Exception as store_exc:
+            log.error("rank %d: could not record leaving: %s", self.state.rank, store_exc)
+
+    @staticmethod
+    def _release(exc: BaseException) -> None:
+        """Free what the failed call's frames hold (its DDP model, its process group).
+
+        Not earlier: gloo's worker threads finish the aborted work and then need the GIL; a
+        process group destroyed while one of them does deadlocks (torch 2.13: its destructor
+        joins the thread with the GIL held). By the end of the barrier they are idle; the
+        short sleep covers a barrier that all ranks passed at once.
+        """
+        time.sleep(_DRAIN_S)
+        traceback.clear_frames(exc.__traceback__)
+        while gc.collect():
+            pass
+
+    def _restart(self, exc: BaseException) -> None:
+        state = self.state
+        store = self.store
+        monitor = self._monitor
+        started = time.monotonic()
+        it = state.iteration
+        own = not (
+            isinstance(exc, RankShouldRestart)
+            or monitor.aborted.is_set()
+            # A collective that failed after a peer's reported fault is that fault's echo.
+            or (_is_collective_error(exc) and store.fault_count(it) > 0)
+        )
+        if own:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "rank %d: iteration %d: the wrapped function raised %s",
+                state.rank,
+                it,
+                reason,
+                exc_info=exc,
+            )
+            store.report_fault(it, state.initial_rank, {"kind": "exception", "reason": reason})
+        else:
+            log.warning(
+                "rank %d: iteration %d: restarting: %s (%s: %s)",
+                state.rank,
+                it,
+                monitor.cause or "fault elsewhere",
+                type(exc).__name__,
+                exc,
+            )
+        state.fn_exception = exc if own else None
+        if not monitor.aborted.is_set() and self.wrapper.abort is not None:
+            try:
+                self.wrapper.abort(state.freeze())
+            except Exception:
+                log.exception("rank %d: the abort callback failed", state.rank)
+        aborted = time.monotonic()
+        try:
+            if self.wrapper.finalize is not None:
+                self.wrapper.finalize(state.freeze())
+            if self.wrapper.health_check is not None:
+                try:
+                    self.wrapper.health_check(state.freeze())
+                except Exception as health_exc:
+                    raise HealthCheckError(
+                        f"rank {state.rank}: health check failed after iteration {it}: "
+                        f"{type(health_exc).__name__}: {health_exc}"
+                    ) from health_exc
+        except (*_TERMINAL, Exception) as terminal:
+            self._leave_job(terminal)
+            raise
+        checked = time.monotonic()
+        survivors = _barriers.restart_barrier(
+            store,
+            iteration=it,
+            me=state.initial_rank,
+            members=self._members,
+            liveness=Liveness(store, self.timeouts["heartbeat_timeout"]),
+            timeout=self.timeouts["barrier_timeout"],
+        )
+        if state.initial_rank not in survivors:
+            discarded = RankDiscarded(
+                f"initial rank {state.initial_rank} is not among the survivors {survivors} of "
+                f"iteration {it} (it was reported gone)"
+            )
+            self._leave_job(discarded)
+            raise discarded
+        self._release(exc)
+        lost = [r for r in self._members if r not in survivors]
+        terminated_now = {
+            int(store.store.get(f"{it}/rank/{r}"))
+            for r in lost
+            if store.store.check([f"{it}/rank/{r}"])
+        }
+        ctx = self.wrapper.rank_assignment(
+            RankAssignmentCtx(state, self._raw_store, terminated_now)
+        )
+        self.state = state = ctx.state
+        state.advance()
+        state.set_distributed_vars()
+        self._members = survivors
+        done = time.monotonic()
+        log.warning(
+            "rank %d (initial %d): restart %d -> %d in %.3f s (abort %.3f s, finalize and "
+            "health check %.3f s, barrier %.3f s); lost initial ranks %s; world size %d",
+            state.rank,
+            state.initial_rank,
+            it,
+            state.iteration,
+            done - started,
+            aborted - started,
+            checked - aborted,
+            done - checked,
+            lost or "none",
+            state.world_size,
+        )

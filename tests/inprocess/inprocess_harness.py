@@ -1,0 +1,110 @@
+"""Run tests/inprocess/jobs/train.py under plain torchrun and read what each rank recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+JOB = Path(__file__).parent / "jobs" / "train.py"
+REPO = Path(__file__).resolve().parents[2]
+NPROC = 4
+
+
+def free_port_pair() -> int:
+    """A port P with P+1 also free: torchrun's store on P, the wrapper's on P+1.
+
+    Drawn below Linux's ephemeral range (32768-60999), so that no client socket of another
+    test takes P+1 between this check and the moment rank 0 binds it.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000, 2)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports on 127.0.0.1 in 20000-32000")
+
+
+@dataclass
+class Run:
+    """A finished torchrun: its exit code, its output and every rank's records."""
+
+    returncode: int
+    output: str
+    records: list[dict]
+
+    def of(self, rank: int, event: str) -> list[dict]:
+        return [r for r in self.records if r["rank"] == rank and r["event"] == event]
+
+    def starts(self, iteration: int) -> list[dict]:
+        return [r for r in self.records if r["event"] == "start" and r["iteration"] == iteration]
+
+
+class Torchrun:
+    """One ``python -m torch.distributed.run`` in its own session, killed by pid at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def run(self, *job_args: str, timeout: float = 400, name: str = "run") -> Run:
+        out = self.tmp / name
+        out.mkdir()
+        log = self.tmp / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(NPROC),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port_pair()),
+            str(JOB),
+            "--out",
+            str(out),
+            *job_args,
+        ]
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+            )
+            self.procs.append(proc)
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                text = log.read_text(errors="replace")
+                raise AssertionError(
+                    f"torchrun did not end in {timeout} s:\n{text[-8000:]}"
+                ) from None
+        records = []
+        for path in sorted(out.glob("rank*.jsonl")):
+            records += [json.loads(line) for line in path.read_text().splitlines() if line]
+        return Run(code, log.read_text(errors="replace"), records)
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)

@@ -1,0 +1,148 @@
+"""A DDP training job on gloo under resiliency.inprocess.Wrapper, with faults injected by args.
+
+Run by torchrun. Each rank appends JSON lines to OUT/rank<initial>.jsonl: one ``start`` line
+per iteration (pid, iteration, step, the parameters at that step), one ``step`` line per
+completed step, and ``done`` with the final parameters. The model, optimizer and step live
+outside the wrapped function, so a restart in the same process continues from memory.
+
+Faults (only in the iteration given, so the restart is clean):
+  --raise R@N        rank R raises RuntimeError at the start of step N
+  --hang R@N         rank R sleeps in libc (GIL released) at the start of step N
+  --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted
+  --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from resiliency import inprocess
+from resiliency.inprocess.state import FrozenState
+
+INITIAL_RANK = int(os.environ["RANK"])
+
+
+def parse_faults(values: list[str]) -> dict[int, int]:
+    out = {}
+    for value in values:
+        rank, _, at = value.partition("@")
+        out[int(rank)] = int(at)
+    return out
+
+
+def params(model: torch.nn.Module) -> list[float]:
+    return [float(v) for p in model.parameters() for v in p.detach().flatten()]
+
+
+class Job:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out) / f"rank{INITIAL_RANK}.jsonl"
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 3)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.step = 0
+        self.raises = parse_faults(args.raise_)
+        self.hangs = parse_faults(args.hang)
+        self.masked = parse_faults(args.hang_masked)
+
+    def record(self, **fields: object) -> None:
+        with self.out.open("a") as f:
+            f.write(json.dumps({"rank": INITIAL_RANK, "pid": os.getpid(), **fields}) + "\n")
+
+    def fault(self, iteration: int) -> None:
+        if iteration != 0:
+            return
+        if self.raises.get(INITIAL_RANK) == self.step:
+            raise RuntimeError(f"injected fault on rank {INITIAL_RANK} at step {self.step}")
+        if self.hangs.get(INITIAL_RANK) == self.step:
+            ctypes.CDLL(None).sleep(600)
+        if self.masked.get(INITIAL_RANK) == self.step:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
+            ctypes.CDLL(None).sleep(600)
+
+    def train(self, call_wrapper: inprocess.CallWrapper | None = None) -> list[float]:
+        assert call_wrapper is not None
+        iteration = call_wrapper.iteration
+        base = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=60),
+        )
+        store = dist.PrefixStore(f"train/{iteration}", base)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        )
+        ddp = DistributedDataParallel(self.model)
+        self.record(event="start", iteration=iteration, step=self.step, params=params(self.model))
+        while self.step < self.args.steps:
+            self.fault(iteration)
+            g = torch.Generator().manual_seed(1000 * self.step + rank)
+            x = torch.randn(8, 4, generator=g)
+            self.opt.zero_grad(set_to_none=True)
+            ddp(x).pow(2).mean().backward()
+            self.opt.step()
+            self.step += 1
+            self.record(event="step", iteration=iteration, step=self.step)
+            self.record(event="params", step=self.step, params=params(self.model))
+            time.sleep(self.args.step_time)
+        dist.barrier()
+        dist.destroy_process_group()
+        return params(self.model)
+
+
+class InitRaise(inprocess.initialize.Initialize):
+    def __init__(self, faults: dict[int, int]) -> None:
+        self.faults = faults
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        if self.faults.get(state.initial_rank) == state.iteration:
+            raise RuntimeError(f"injected initialize fault at iteration {state.iteration}")
+        return state
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--raise", dest="raise_", action="append", default=[])
+    parser.add_argument("--hang", action="append", default=[])
+    parser.add_argument("--hang-masked", action="append", default=[])
+    parser.add_argument("--init-raise", action="append", default=[])
+    parser.add_argument("--soft", type=float, default=30.0)
+    parser.add_argument("--hard", type=float, default=60.0)
+    args = parser.parse_args()
+    job = Job(args)
+    wrapper = inprocess.Wrapper(
+        initialize=InitRaise(parse_faults(args.init_raise)),
+        monitor_thread_interval=timedelta(seconds=0.2),
+        heartbeat_interval=timedelta(seconds=0.5),
+        heartbeat_timeout=timedelta(seconds=20),
+        soft_timeout=timedelta(seconds=args.soft),
+        hard_timeout=timedelta(seconds=args.hard),
+        barrier_timeout=timedelta(seconds=args.hard + 60),
+        completion_timeout=timedelta(seconds=120),
+        termination_grace_time=timedelta(seconds=2),
+    )
+    final = wrapper(job.train)()
+    job.record(event="done", step=job.step, params=final)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

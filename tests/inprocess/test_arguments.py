@@ -1,0 +1,99 @@
+"""Config typos and bad arguments to the wrapper and its helpers are clear errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from resiliency import inprocess
+from resiliency.inprocess.exception import ConfigError
+from resiliency.inprocess.initialize import RetryController
+from resiliency.inprocess.rank_assignment import ActiveWorldSizeDivisibleBy, MaxActiveWorldSize
+
+
+def test_defaults_are_accepted() -> None:
+    wrapper = inprocess.Wrapper()
+    assert wrapper.timeouts["soft_timeout"] == 60
+    assert wrapper.timeouts["hard_timeout"] == 90
+    assert wrapper.timeouts["barrier_timeout"] == 120
+
+
+def test_a_misspelt_argument_names_the_closest_one() -> None:
+    with pytest.raises(ConfigError, match=r"unknown argument 'soft_timout'.*'soft_timeout'"):
+        inprocess.Wrapper(soft_timout=timedelta(seconds=5))
+
+
+def test_an_unrelated_unknown_argument_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="unknown argument 'zzz'"):
+        inprocess.Wrapper(zzz=1)
+
+
+@pytest.mark.parametrize("name", ["rank_filter", "completion", "terminate"])
+def test_arguments_of_other_nvrx_releases_say_they_are_not_supported(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}=...\\) is not supported"):
+        inprocess.Wrapper(**{name: object()})
+
+
+def test_a_number_instead_of_a_timedelta_shows_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"soft_timeout=5\).*timedelta\(seconds=5\)"):
+        inprocess.Wrapper(soft_timeout=5)
+
+
+def test_timeouts_out_of_order_name_both() -> None:
+    with pytest.raises(ConfigError, match=r"soft_timeout .* must be shorter than hard_timeout"):
+        inprocess.Wrapper(soft_timeout=timedelta(seconds=100))
+    with pytest.raises(ConfigError, match=r"heartbeat_interval .* shorter than heartbeat_timeout"):
+        inprocess.Wrapper(heartbeat_interval=timedelta(seconds=40))
+
+
+def test_negative_timeout_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="must not be negative"):
+        inprocess.Wrapper(last_call_wait=timedelta(seconds=-1))
+
+
+def test_a_callback_of_the_wrong_kind_names_the_expected_class() -> None:
+    with pytest.raises(ConfigError, match=r"abort=.*resiliency.inprocess.abort.Abort"):
+        inprocess.Wrapper(abort=lambda state: state)
+    with pytest.raises(ConfigError, match=r"health_check=.*health_check.HealthCheck"):
+        inprocess.Wrapper(health_check=RetryController())
+
+
+def test_a_composed_callback_is_of_its_parts_kind() -> None:
+    composed = inprocess.Compose(
+        inprocess.health_check.FaultCounter(), inprocess.health_check.CudaHealthCheck()
+    )
+    assert isinstance(composed, inprocess.health_check.HealthCheck)
+    inprocess.Wrapper(health_check=composed)
+
+
+def test_store_kwargs_typo_names_the_valid_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'prot'.*did you mean 'port'"):
+        inprocess.Wrapper(store_kwargs={"prot": 1234})
+
+
+def test_enabled_false_returns_the_function_itself() -> None:
+    def train() -> int:
+        return 3
+
+    assert inprocess.Wrapper(enabled=False)(train) is train
+
+
+def test_missing_rank_variables_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    wrapped = inprocess.Wrapper()(lambda: None)
+    with pytest.raises(ConfigError, match=r"needs RANK and WORLD_SIZE.*torchrun"):
+        wrapped()
+
+
+def test_rank_assignment_helpers_reject_bad_sizes() -> None:
+    with pytest.raises(ConfigError, match="max_active_world_size=0"):
+        MaxActiveWorldSize(0)
+    with pytest.raises(ConfigError, match="divisor=0"):
+        ActiveWorldSizeDivisibleBy(0)
+
+
+def test_compose_rejects_what_is_not_callable() -> None:
+    with pytest.raises(ConfigError, match="not callable"):
+        inprocess.Compose(inprocess.health_check.FaultCounter(), 3)

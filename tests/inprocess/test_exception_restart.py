@@ -1,0 +1,71 @@
+"""A rank raises: every rank trains again in the same processes, from the same step, in step.
+
+4 gloo ranks under plain torchrun (``python -m torch.distributed.run``); the wrapper's store is
+a real TCPStore hosted by rank 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+from inprocess_harness import NPROC, Run, Torchrun
+
+STEPS = 12
+FAULT_STEP = 5
+
+
+def assert_resumed_like_unbroken(run: Run, unbroken: Run, iteration: int) -> None:
+    """Every rank restarted in its own process at FAULT_STEP with the unbroken run's params."""
+    assert run.returncode == 0, run.output[-8000:]
+    starts = run.starts(iteration)
+    assert sorted(s["rank"] for s in starts) == list(range(NPROC)), run.output[-6000:]
+    first_pids = {s["rank"]: s["pid"] for s in run.starts(0)}
+    for start in starts:
+        assert start["pid"] == first_pids[start["rank"]], "the rank was respawned, not restarted"
+        assert start["step"] == FAULT_STEP
+    unbroken_at_fault = unbroken_params_at(unbroken, FAULT_STEP)
+    for start in starts:
+        assert start["params"] == unbroken_at_fault, f"rank {start['rank']} differs"
+    finals = [r["params"] for r in run.records if r["event"] == "done"]
+    unbroken_finals = [r["params"] for r in unbroken.records if r["event"] == "done"]
+    assert len(finals) == NPROC
+    assert all(f == unbroken_finals[0] for f in finals)
+
+
+def unbroken_params_at(unbroken: Run, step: int) -> list[float]:
+    """The unbroken run's parameters after ``step`` steps (its ``params`` records)."""
+    at = [r for r in unbroken.records if r["event"] == "params" and r["step"] == step]
+    assert at, "the unbroken run records its parameters at every step"
+    assert all(r["params"] == at[0]["params"] for r in at)
+    return at[0]["params"]
+
+
+@pytest.mark.slow
+def test_a_rank_raises_and_every_rank_resumes_at_the_same_step(
+    torchrun: Torchrun, unbroken: Run
+) -> None:
+    run = torchrun.run("--raise", f"2@{FAULT_STEP}")
+    assert_resumed_like_unbroken(run, unbroken, iteration=1)
+    assert "rank 2: iteration 0: the wrapped function raised RuntimeError: injected" in run.output
+    # the others' failed collectives are the echo of rank 2's fault, not faults of their own
+    assert "rank 0: iteration 0: the wrapped function raised" not in run.output
+    assert "restart 0 -> 1" in run.output
+
+
+@pytest.mark.slow
+def test_two_ranks_raise_at_once(torchrun: Torchrun, unbroken: Run) -> None:
+    run = torchrun.run("--raise", f"1@{FAULT_STEP}", "--raise", f"3@{FAULT_STEP}")
+    assert_resumed_like_unbroken(run, unbroken, iteration=1)
+    assert not run.starts(2), "two simultaneous faults are one restart"
+    for rank in (1, 3):
+        assert f"rank {rank}: iteration 0: the wrapped function raised RuntimeError" in run.output
+
+
+@pytest.mark.slow
+def test_a_fault_during_the_restart_gives_one_more_agreed_iteration(
+    torchrun: Torchrun, unbroken: Run
+) -> None:
+    run = torchrun.run("--raise", f"1@{FAULT_STEP}", "--init-raise", "2@1")
+    assert_resumed_like_unbroken(run, unbroken, iteration=2)
+    # iteration 1 never called the function on any rank: all agreed to go on to iteration 2
+    assert not run.starts(1)
+    assert "injected initialize fault at iteration 1" in run.output

@@ -1,0 +1,118 @@
+"""The helpers' behaviour on their own: state, rank assignment, composition, counters."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from resiliency import inprocess
+from resiliency.inprocess.exception import RestartAbort
+from resiliency.inprocess.finalize import ThreadedFinalize
+from resiliency.inprocess.health_check import FaultCounter, FaultCounterExceeded
+from resiliency.inprocess.initialize import RetryController
+from resiliency.inprocess.rank_assignment import (
+    ActivateAllRanks,
+    FillGaps,
+    MaxActiveWorldSize,
+    RankAssignmentCtx,
+    RankDiscarded,
+    ShiftRanks,
+)
+from resiliency.inprocess.state import Mode, State
+
+
+def make_state(rank: int, world: int) -> State:
+    return State(
+        rank=rank,
+        world_size=world,
+        active_rank=rank,
+        active_world_size=world,
+        initial_rank=rank,
+        initial_world_size=world,
+    )
+
+
+def assign(assignment: inprocess.rank_assignment.RankAssignment, rank: int, dead: set[int]):
+    return assignment(RankAssignmentCtx(make_state(rank, 6), None, set(dead))).state
+
+
+def test_shift_ranks_closes_the_gaps_in_order() -> None:
+    new = {r: assign(ShiftRanks(), r, {1, 4}).rank for r in (0, 2, 3, 5)}
+    assert new == {0: 0, 2: 1, 3: 2, 5: 3}
+
+
+def test_fill_gaps_moves_only_the_highest_ranks() -> None:
+    new = {r: assign(FillGaps(), r, {1, 4}).rank for r in (0, 2, 3, 5)}
+    assert new == {0: 0, 2: 2, 3: 3, 5: 1}
+
+
+def test_a_terminated_rank_is_discarded() -> None:
+    with pytest.raises(RankDiscarded, match="rank 1"):
+        assign(ShiftRanks(), 1, {1})
+
+
+def test_default_composition_activates_the_shifted_ranks() -> None:
+    default = inprocess.Compose(ActivateAllRanks(), ShiftRanks())
+    state = assign(default, 5, {0})
+    assert (state.rank, state.world_size) == (4, 5)
+    assert (state.active_rank, state.active_world_size) == (4, 5)
+    assert state.mode is Mode.ACTIVE
+
+
+def test_max_active_world_size_leaves_spares() -> None:
+    chain = inprocess.Compose(MaxActiveWorldSize(4), ActivateAllRanks())
+    spare = assign(chain, 5, set())
+    assert spare.mode is Mode.INACTIVE and spare.active_rank is None
+    assert spare.active_world_size == 4
+
+
+def test_frozen_state_is_read_only() -> None:
+    frozen = make_state(1, 2).freeze()
+    with pytest.raises(AttributeError):
+        frozen.rank = 3  # type: ignore[misc]
+
+
+def test_fault_counter_counts_only_this_ranks_faults() -> None:
+    counter = FaultCounter(max_rank_faults=1)
+    state = make_state(0, 2)
+    counter(state.freeze())  # no exception of its own: not counted
+    state.fn_exception = RuntimeError("x")
+    counter(state.freeze())
+    with pytest.raises(FaultCounterExceeded, match="2 faults"):
+        counter(state.freeze())
+
+
+def test_retry_controller_stops_past_the_limits() -> None:
+    state = make_state(0, 4)
+    state.iteration = 3
+    with pytest.raises(RestartAbort, match="max_iterations=2"):
+        RetryController(max_iterations=2)(state.freeze())
+    with pytest.raises(RestartAbort, match="min_world_size=5"):
+        RetryController(min_world_size=5)(state.freeze())
+
+
+def test_threaded_finalize_has_a_deadline() -> None:
+    release = threading.Event()
+    slow = ThreadedFinalize(timedelta(seconds=0.2), release.wait, args=(30,))
+    try:
+        with pytest.raises(inprocess.exception.TimeoutError, match=r"did not return within 0\.2 s"):
+            slow(make_state(0, 1).freeze())
+    finally:
+        release.set()
+
+
+def test_compose_calls_the_last_callable_first() -> None:
+    calls = []
+
+    def first(x: int) -> int:
+        calls.append("first")
+        return x + 1
+
+    def second(x: int) -> int:
+        calls.append("second")
+        return x * 10
+
+    assert inprocess.Compose(second, first)(1) == 20
+    assert calls == ["first", "second"]
