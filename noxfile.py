@@ -47,6 +47,7 @@ nox.options.sessions = [
     "checkpoint",
     "simulator",
     "supervisor",
+    "inprocess",
     "straggler_cupti",
     "ft_launcher",
     "ptl",
@@ -165,6 +166,13 @@ def supervisor(session: nox.Session) -> None:
     """resiliency-supervisor with the launcher it drives; etcd tests need the `etcd` binary."""
     _install(session, "pkg:supervisor[etcd]", "pkg:ft-launcher", *TEST_DEPS)
     _pytest(session, "tests/supervisor")
+
+
+@nox.session(python=TORCH_PYTHON)
+def inprocess(session: nox.Session) -> None:
+    """resiliency-inprocess alone (torch): in-process restarts of 4 gloo ranks under torchrun."""
+    _install(session, "pkg:inprocess", *TEST_DEPS)
+    _pytest(session, "tests/inprocess")
 
 
 @nox.session(python=TORCH_PYTHON)
@@ -297,6 +305,7 @@ def typecheck(session: nox.Session) -> None:
         *("-p", "resiliency.checkpoint"),
         *("-p", "resiliency.simulator"),
         *("-p", "resiliency.supervisor"),
+        *("-p", "resiliency.inprocess"),
     )
 
 
