@@ -15,6 +15,8 @@ from jobs import INTERVAL, Job, status_table
 from launcher_harness import worker_pids
 from prometheus_client.parser import text_string_to_metric_families
 
+from resiliency.supervisor import Intent, backend_from_url, keys_for
+
 pytestmark = pytest.mark.slow
 
 EXPECTED_METRICS = {
@@ -156,6 +158,32 @@ def test_slow_node_is_excluded_and_the_spare_joins_on_tls_etcd(
     assert "TLS, CA" in job.controller.log() and f"user resiliency-tls-{os.getpid()}" in (
         job.controller.log()
     )
+
+
+def test_a_launcher_refuses_a_forged_intent_and_trains_on(job_factory, secure_etcd, monkeypatch):
+    """A shutdown intent written into the job's key with a stale generation, over TLS + RBAC:
+    the real launcher logs its refusal and keeps training."""
+    name = f"forged-{os.getpid()}"
+    url = _secure_url(secure_etcd, monkeypatch, name)
+    job = job_factory("1", url)
+    a = job.start_node("a")
+    controller = job.start_controller()
+    controller.wait_for_log(r"acts for job forged-\d+ as generation 1", 60)
+    _wait_running(job, ["a"])
+    root = backend_from_url(secure_etcd.root_url(name))
+    forged = Intent(7, "a", "shutdown", "forged", "stop it", job=name, generation=0)
+    root.put(keys_for(root.namespace).intent("a"), forged.to_json())
+    root.close()
+    a.wait_for_log(  # a substring, not a pattern
+        f"refusing intent 7 (shutdown) for node a at resiliency/{name}/intents/a: it was written "
+        "for generation 0 by '', but the job is at generation 1 (claimed by controller@",
+        60,
+    )
+    before = job.progress(0)
+    _wait_for(lambda: job.progress(0) > before + 10, 90, "rank 0 stopped after the forged intent")
+    job.finish()
+    assert a.wait(120) == 0, a.log()
+    assert not job.decisions()  # the controller decided nothing; the forgery was not acted on
 
 
 def test_uncorrectable_ecc_excludes_the_node_at_once(job_factory):

@@ -193,15 +193,9 @@ class Controller:
                     decision.action,
                 )
                 return None
-        self.decisions.append(decision)
-        logger.warning(
-            "supervisor decision: %s node %s (policy %s): %s; evidence: %s",
-            decision.action,
-            decision.node,
-            decision.policy,
-            decision.reason,
-            json.dumps(decision.evidence, sort_keys=True),
-        )
+        # A stale controller raises here: no log line and no goodput event for a decision it
+        # cannot carry out. Otherwise the event is in the ledger before the decision's log line
+        # (readers of the log find the event).
         intent = write_intent(
             self.backend,
             decision.node,
@@ -210,8 +204,17 @@ class Controller:
             decision.reason,
             decision.evidence,
             generation=self.generation,
-        )  # a stale controller raises here: no goodput event for a decision it cannot carry out
+        )
+        self.decisions.append(decision)
         self._emit(decision)
+        logger.warning(
+            "supervisor decision: %s node %s (policy %s): %s; evidence: %s",
+            decision.action,
+            decision.node,
+            decision.policy,
+            decision.reason,
+            json.dumps(decision.evidence, sort_keys=True),
+        )
         if intent is None:
             logger.warning("node %s: another controller wrote its intent first", decision.node)
             return None
