@@ -6,7 +6,8 @@ guide: no home-made membership or consensus protocol):
 - ``put(key, value, ttl=...)``: a value that disappears ``ttl`` seconds after its last put unless
   it is put again (liveness: a dead writer's keys expire instead of going silent);
 - ``get(key)`` and ``list(prefix)`` (the live direct children of ``prefix``);
-- ``compare_and_set(key, expected, new)`` for intents;
+- ``compare_and_set(key, expected, new)`` for intents, and ``guarded_compare_and_set`` that
+  also requires a second key's value (the job's generation: a stale controller cannot write);
 - ``wait_for_change(key, current, timeout)``: a watch (etcd) or a poll with a deadline (TCPStore).
 
 Every backend counts its round trips to the engine in :attr:`Backend.ops` (by operation name) so
@@ -15,8 +16,9 @@ the benchmark and the docs can state the store load precisely.
 URLs: ``tcp://HOST:PORT[/JOB]`` (a c10d ``TCPStore``, default scheme) and
 ``etcd://HOST:PORT[/JOB][?cacert=..&cert=..&key=..&user=..]`` (etcd v3, the ``etcd`` extra; the
 query names TLS files and the etcd user, see :mod:`resiliency.supervisor._etcd_auth`). ``/JOB``
-names the key namespace; it defaults to ``default``. :func:`resiliency.supervisor.connect.
-backend_from_url` connects to the engine a URL names.
+names the key namespace; it defaults to ``default``. ``backend_from_url`` (in
+:mod:`resiliency.supervisor.connect`, so that no implementation is imported from here) connects
+to the engine a URL names.
 """
 
 from __future__ import annotations
