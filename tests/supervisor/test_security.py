@@ -67,6 +67,7 @@ def test_url_options_are_checked_and_a_password_is_never_printed():
         ("etcd://h:1/j?cacert=", "'cacert' is empty"),
         ("tcp://h:1/j?cacert=/a", "takes no options"),
         ("etcd://h:1/j?user=bob:pw&oops", "malformed query"),
+        ("etcd://bob:pw@h:1/j", "a user in the address is not used"),
     ):
         with pytest.raises(BackendError, match=says) as info:
             parse_backend_url(bad)

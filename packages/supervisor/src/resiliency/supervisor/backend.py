@@ -104,6 +104,11 @@ def parse_backend_url(url: str) -> BackendURL:
         raise BackendError(f"bad port in backend URL {url!r}: {exc}") from None
     if not parts.hostname:
         raise BackendError(f"backend URL {url!r} has no host")
+    if "@" in parts.netloc:  # never echoed: it may hold a password
+        raise BackendError(
+            f"backend URL {scheme}://...@{parts.hostname}: a user in the address is not used; "
+            "give it as the user=NAME option, or in ETCDCTL_USER"
+        )
     job = parts.path.strip("/") or "default"
     if "/" in job:
         raise BackendError(f"backend URL {url!r}: the job name must not contain '/'")
