@@ -8,8 +8,8 @@ The rules, tried in this order (each documented in docs/launcher.md, each config
    name of NVIDIA's flag; 0: never) all have the same class, the same culprit ranks and the same
    cause (exception type and message, which name the step where the code says it, the hung frame,
    or the signal): stop, exit 6 (``DIAGNOSED_STOP``).
-3. **a restart storm**: ``restart_storm_restarts`` restarts within ``restart_storm_window``
-   seconds (0: never): stop, exit 6.
+3. **a restart storm**: more than ``restart_storm_restarts`` restarts within
+   ``restart_storm_window`` seconds (0, the default: never): stop, exit 6.
 4. **GPU hardware on this node** (class ``gpu_hardware``, this node a culprit): restart without
    this node: it leaves the job (exit 4, like ``ExcludeThisNode``); the others go on without it
    when ``--nnodes MIN:MAX`` allows.
