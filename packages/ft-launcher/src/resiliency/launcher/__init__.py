@@ -23,6 +23,13 @@ if TYPE_CHECKING:
         TorchVersionError,
     )
     from resiliency.launcher.exit_codes import ExitCode
+    from resiliency.launcher.failure_classes import (
+        CycleEvidence,
+        FailureClass,
+        FailureVerdict,
+        RankEvidence,
+        classify,
+    )
     from resiliency.launcher.fork_server import ForkServer
     from resiliency.launcher.health import (
         CallableHealthCheck,
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
         RestartPolicy,
     )
     from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
+    from resiliency.launcher.stop_rules import StopDecision, StopRules
     from resiliency.launcher.verdict import HangVerdict, analyze_hang, parse_stack_dump
 
 _SOURCES = {
@@ -48,8 +56,11 @@ _SOURCES = {
     "AnyFailedPolicy": "resiliency.launcher.policy",
     "CallableHealthCheck": "resiliency.launcher.health",
     "CommandHealthCheck": "resiliency.launcher.health",
+    "CycleEvidence": "resiliency.launcher.failure_classes",
     "Decision": "resiliency.launcher.policy",
     "ExitCode": "resiliency.launcher.exit_codes",
+    "FailureClass": "resiliency.launcher.failure_classes",
+    "FailureVerdict": "resiliency.launcher.failure_classes",
     "ForkServer": "resiliency.launcher.fork_server",
     "ForkServerError": "resiliency.launcher.errors",
     "FreshStoreRendezvousHandler": "resiliency.launcher.rendezvous",
@@ -65,10 +76,14 @@ _SOURCES = {
     "MinHealthyPolicy": "resiliency.launcher.policy",
     "NvmlGpuHealthCheck": "resiliency.launcher.health",
     "Outcome": "resiliency.launcher.agent",
+    "RankEvidence": "resiliency.launcher.failure_classes",
     "RestartPolicy": "resiliency.launcher.policy",
+    "StopDecision": "resiliency.launcher.stop_rules",
+    "StopRules": "resiliency.launcher.stop_rules",
     "TorchVersionError": "resiliency.launcher.errors",
     "analyze_hang": "resiliency.launcher.verdict",
     "build_parser": "resiliency.launcher.options",
+    "classify": "resiliency.launcher.failure_classes",
     "main": "resiliency.launcher.cli",
     "parse_stack_dump": "resiliency.launcher.verdict",
 }
@@ -78,8 +93,11 @@ __all__ = [
     "AnyFailedPolicy",
     "CallableHealthCheck",
     "CommandHealthCheck",
+    "CycleEvidence",
     "Decision",
     "ExitCode",
+    "FailureClass",
+    "FailureVerdict",
     "ForkServer",
     "ForkServerError",
     "FreshStoreRendezvousHandler",
@@ -95,10 +113,14 @@ __all__ = [
     "MinHealthyPolicy",
     "NvmlGpuHealthCheck",
     "Outcome",
+    "RankEvidence",
     "RestartPolicy",
+    "StopDecision",
+    "StopRules",
     "TorchVersionError",
     "analyze_hang",
     "build_parser",
+    "classify",
     "main",
     "parse_stack_dump",
 ]
