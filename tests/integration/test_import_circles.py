@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE_ROOTS = sorted(REPO.glob("packages/*/src/resiliency"))
 
-# Being untangled by their owners (issue 26, items 2 and 5); remove an entry once it is gone.
+# Being untangled by their owners (issue 26, item 2); remove an entry once it is gone.
 KNOWN = [
     {
         "resiliency.launcher.agent",
@@ -25,11 +25,6 @@ KNOWN = [
         "resiliency.launcher.options",
         "resiliency.launcher.supervision",
         "resiliency.launcher.workload_control",
-    },
-    {
-        "resiliency.supervisor._etcd",
-        "resiliency.supervisor._tcpstore",
-        "resiliency.supervisor.backend",
     },
 ]
 
