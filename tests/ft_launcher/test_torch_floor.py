@@ -30,14 +30,14 @@ def test_the_floor_is_the_oldest_tested_version() -> None:
     assert min(TESTED_TORCH) == MIN_TORCH
 
 
-@pytest.mark.parametrize("package", ["checkpoint", "ft-launcher", "supervisor"])
+@pytest.mark.parametrize("package", ["checkpoint", "ft-launcher", "inprocess", "supervisor"])
 def test_every_package_that_needs_torch_declares_the_floor(package: str) -> None:
     floor = f"torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}"
     assert _torch_requirements().get(package) == [floor]
 
 
 def test_no_other_package_declares_a_torch_floor() -> None:
-    assert set(_torch_requirements()) == {"checkpoint", "ft-launcher", "supervisor"}
+    assert set(_torch_requirements()) == {"checkpoint", "ft-launcher", "inprocess", "supervisor"}
 
 
 def test_the_ci_pin_is_a_tested_version() -> None:
