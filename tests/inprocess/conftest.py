@@ -17,7 +17,7 @@ def torchrun(tmp_path: Path) -> Iterator[Torchrun]:
     runner.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The same job with no fault: the reference every restarted run must match."""
     runner = Torchrun(tmp_path_factory.mktemp("unbroken"))

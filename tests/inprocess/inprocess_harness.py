@@ -16,6 +16,7 @@ from pathlib import Path
 JOB = Path(__file__).parent / "jobs" / "train.py"
 REPO = Path(__file__).resolve().parents[2]
 NPROC = 4
+FAULT_STEP = 5  # the jobs' faults are injected at the start of this step
 
 
 def free_port_pair() -> int:
@@ -108,3 +109,29 @@ class Torchrun:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
+
+
+def assert_resumed_like_unbroken(run: Run, unbroken: Run, iteration: int) -> None:
+    """Every rank restarted in its own process at FAULT_STEP with the unbroken run's params."""
+    assert run.returncode == 0, run.output[-8000:]
+    starts = run.starts(iteration)
+    assert sorted(s["rank"] for s in starts) == list(range(NPROC)), run.output[-6000:]
+    first_pids = {s["rank"]: s["pid"] for s in run.starts(0)}
+    for start in starts:
+        assert start["pid"] == first_pids[start["rank"]], "the rank was respawned, not restarted"
+        assert start["step"] == FAULT_STEP
+    unbroken_at_fault = unbroken_params_at(unbroken, FAULT_STEP)
+    for start in starts:
+        assert start["params"] == unbroken_at_fault, f"rank {start['rank']} differs"
+    finals = [r["params"] for r in run.records if r["event"] == "done"]
+    unbroken_finals = [r["params"] for r in unbroken.records if r["event"] == "done"]
+    assert len(finals) == NPROC
+    assert all(f == unbroken_finals[0] for f in finals)
+
+
+def unbroken_params_at(unbroken: Run, step: int) -> list[float]:
+    """The unbroken run's parameters after ``step`` steps (its ``params`` records)."""
+    at = [r for r in unbroken.records if r["event"] == "params" and r["step"] == step]
+    assert at, "the unbroken run records its parameters at every step"
+    assert all(r["params"] == at[0]["params"] for r in at)
+    return at[0]["params"]

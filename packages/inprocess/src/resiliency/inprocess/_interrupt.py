@@ -62,4 +62,6 @@ class Interrupter:
     def close(self) -> None:
         """Give the signal back to its previous handler."""
         self._armed = False
-        signal.signal(RESTART_SIGNAL, self._previous)
+        # None: the previous handler was not installed from Python; the default is the closest.
+        previous = signal.SIG_DFL if self._previous is None else self._previous
+        signal.signal(RESTART_SIGNAL, previous)

@@ -130,11 +130,13 @@ class Monitor(threading.Thread):
     def _trigger(self, cause: str) -> None:
         self.cause = cause
         self._triggered_at = time.monotonic()
+        # Where this rank's main thread sits tells the culprit (not in a collective) apart.
         log.warning(
-            "rank %d: iteration %d: fault: %s; aborting",
+            "rank %d: iteration %d: fault: %s; aborting (this rank's main thread at %s)",
             self.state.rank,
             self.state.iteration,
             cause,
+            main_thread_location(),
         )
         got_lock = self.atomic_lock.acquire(timeout=self.timeouts["hard"])
         if not got_lock:
