@@ -118,8 +118,12 @@ def kill_leftovers(marker_dir: Path) -> list[int]:
     """SIGKILL every recorded worker process group and child still alive; return their pids."""
     leftovers = []
     for pid in worker_pids(marker_dir) + child_pids(marker_dir):
-        if alive(pid):
-            leftovers.append(pid)
+        if not alive(pid):
+            # Gone: its pid (and group id) may already belong to another process: pid_max is
+            # 32768 here and several test runs share the machine, so a blind SIGKILL can hit
+            # another test's launcher or rank monitor (seen: monitors gone, ranks refused).
+            continue
+        leftovers.append(pid)
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(pid, signal.SIGKILL)
