@@ -155,10 +155,8 @@ class SavePipeline:
         Blocks training only for DCP's planning and the copy into the staging arena. A previous
         save still in flight is waited for first; its failure is logged on every rank (and
         raised by its own handle's ``wait``), never raised here. Saving a step that is already
-        committed is a no-op (logged): a step is never overwritten. With tiers, ``step`` goes
-        to every tier it is due on, or to ``tier`` ("local", "persistent" or "all") whatever
-        the cadence (an emergency save at any step: ``tier="all"``). ``tier`` is the
-        tiered engine's (the facade refuses it here).
+        committed is a no-op (logged): a step is never overwritten. ``tier`` belongs to the
+        tiered engine's protocol; the facade refuses it for a single root.
         """
         if self._closed:
             raise CheckpointError("the CheckpointManager is closed")
@@ -230,8 +228,7 @@ class SavePipeline:
             handle.wait()
         return handle
 
-    # ------------------------------------------------------------------ storage hooks
-    # What differs between a shared file system (here) and an object store (_remote_manager).
+    # ------------------------------------------------------------------ writer and staging
     def _ensure_writer(self) -> WriterProcess:
         if self._writer is None or not self._writer.alive():
             if self._writer is not None:
