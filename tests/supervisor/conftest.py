@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,19 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from secure_etcd import ETCDCTL, OPENSSL, SecureEtcd
+from secure_etcd import ETCD, ETCDCTL, OPENSSL, SecureEtcd, free_port
 
 from resiliency.supervisor import Backend, backend_from_url
 
-ETCD = shutil.which("etcd")
 SKIP_ETCD = "the etcd binary is not installed (apt-get install etcd-server)"
 SKIP_TLS = "the TLS etcd needs etcdctl and openssl (apt-get install etcd-client openssl)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class EtcdServer:

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ETCD, free_port
-from secure_etcd import SecureEtcd
+from secure_etcd import ETCD, SecureEtcd, free_port
 
 from resiliency.supervisor import (
     BackendAuthError,
