@@ -480,6 +480,7 @@ class CallWrapper:
             )
             self._leave_job(discarded)
             raise discarded
+        met = time.monotonic()
         self._release(exc)
         lost = [r for r in self._members if r not in survivors]
         terminated_now = {
@@ -497,7 +498,8 @@ class CallWrapper:
         done = time.monotonic()
         log.warning(
             "rank %d (initial %d): restart %d -> %d in %.3f s (abort %.3f s, finalize and "
-            "health check %.3f s, barrier %.3f s); lost initial ranks %s; world size %d",
+            "health check %.3f s, barrier %.3f s, freeing the failed call %.3f s); lost initial "
+            "ranks %s; world size %d",
             state.rank,
             state.initial_rank,
             it,
@@ -505,7 +507,8 @@ class CallWrapper:
             done - started,
             aborted - started,
             checked - aborted,
-            done - checked,
+            met - checked,
+            done - met,
             lost or "none",
             state.world_size,
         )
