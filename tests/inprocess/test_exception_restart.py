@@ -40,3 +40,17 @@ def test_a_fault_during_the_restart_gives_one_more_agreed_iteration(
     # iteration 1 never called the function on any rank: all agreed to go on to iteration 2
     assert not run.starts(1)
     assert "injected initialize fault at iteration 1" in run.output
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_its_health_check_leaves_with_a_clear_error(torchrun: Torchrun) -> None:
+    run = torchrun.run("--raise", f"1@{FAULT_STEP}", "--unhealthy", "3")
+    # plain torchrun ends the job when a worker exits with an error
+    assert run.returncode != 0
+    assert (
+        "rank 3: iteration 0: leaving the job: HealthCheckError: rank 3: health check failed "
+        "after iteration 0: RuntimeError: injected: rank 3's device is broken"
+    ) in run.output, run.output[-6000:]
+    # rank 3 never trains again; whoever did before torchrun stopped them resumed at one step
+    assert 3 not in {s["rank"] for s in run.starts(1)}
+    assert {s["step"] for s in run.starts(1)} <= {FAULT_STEP}

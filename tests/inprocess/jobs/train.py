@@ -10,6 +10,7 @@ Faults (only in the iteration given, so the restart is clean):
   --hang R@N         rank R sleeps in libc (GIL released) at the start of step N
   --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
+  --unhealthy R      rank R's health check fails after any fault: it leaves the job
 """
 
 from __future__ import annotations
@@ -115,6 +116,16 @@ class InitRaise(inprocess.initialize.Initialize):
         return state
 
 
+class Unhealthy(inprocess.health_check.HealthCheck):
+    def __init__(self, ranks: set[int]) -> None:
+        self.ranks = ranks
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        if state.initial_rank in self.ranks:
+            raise RuntimeError(f"injected: rank {state.initial_rank}'s device is broken")
+        return state
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -124,12 +135,14 @@ def main() -> int:
     parser.add_argument("--hang", action="append", default=[])
     parser.add_argument("--hang-masked", action="append", default=[])
     parser.add_argument("--init-raise", action="append", default=[])
+    parser.add_argument("--unhealthy", type=int, action="append", default=[])
     parser.add_argument("--soft", type=float, default=30.0)
     parser.add_argument("--hard", type=float, default=60.0)
     args = parser.parse_args()
     job = Job(args)
     wrapper = inprocess.Wrapper(
         initialize=InitRaise(parse_faults(args.init_raise)),
+        health_check=Unhealthy(set(args.unhealthy)),
         monitor_thread_interval=timedelta(seconds=0.2),
         heartbeat_interval=timedelta(seconds=0.5),
         heartbeat_timeout=timedelta(seconds=20),
