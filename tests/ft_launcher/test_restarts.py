@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -172,13 +171,11 @@ def test_after_a_crash_the_other_ranks_are_stopped_as_the_launchers_own_stop(
     launch, marker_dir: Path
 ) -> None:
     # torch's process context would SIGTERM the survivor itself, unmarked, and wait 30 s: the
-    # survivor would take it for a preemption and hold the restart up with its save.
-    args = _args("crash_reads_stop_mark", marker_dir, "--workers-stop-timeout", "30", restarts=1)
+    # survivor would take it for a preemption and hold the restart up with its save. A restart
+    # that waited for the survivor would last the whole 300 s stop timeout, far past wait(90).
+    args = _args("crash_reads_stop_mark", marker_dir, "--workers-stop-timeout", "300", restarts=1)
     launcher = launch([*args, "--steps", "40"])
-    started = time.monotonic()
-    assert launcher.wait(60) == 0, launcher.log()
-    took = time.monotonic() - started
+    assert launcher.wait(90) == 0, launcher.log()
     assert markers(marker_dir, "launcherstop") == ["launcherstop-0-0"], launcher.log()
     assert markers(marker_dir, "preemption") == []
     assert {"done-0-1", "done-1-1"} <= set(markers(marker_dir, "done"))
-    assert took < 25, f"the restart waited for the survivor: {took:.1f} s"
