@@ -208,15 +208,19 @@ def test_slow_rank_slows_the_job_without_killing_it(simulate) -> None:
 
 
 def test_torn_checkpoint_is_skipped_on_restore(simulate) -> None:
-    # Kill a rank, then at once tear the newest committed step: the restart must skip the torn
-    # step (naming the file) and resume from the one before. Killing first means no save can
-    # commit a newer step in between (a commit needs every rank); tearing first raced with one.
-    # (With no complete step left, load raises CheckpointCorruptError rather than silently
-    # starting from step 0.)
+    # The node is lost (its launcher, ranks and writer processes SIGKILLed), then at once the
+    # newest committed step is torn, and a new launcher starts a second later: it must skip
+    # the torn step (naming the file) and resume from the one before. Killing only a rank
+    # raced: its writer process outlived it and could commit the step in flight after the
+    # tear. (With no complete step left, load raises CheckpointCorruptError rather than
+    # silently starting from step 0.) Timed from the first step, not from the launch: 10 s of
+    # 0.1 s steps commit steps 20 and 40 at least, and leave half the job ahead.
     run = simulate(
-        [_fault("kill", at_s=16.0), _fault("torn_checkpoint", at_s=16.0)],
+        [_fault("node_loss", at_s=10.0, victim=0), _fault("torn_checkpoint", at_s=10.0)],
+        restart_nodes_after_s=1.0,
         steps=200,
         ckpt_every=20,
+        from_first_step=True,
     )
     assert all(r.injected_s is not None for r in run.rows), [r.note for r in run.rows]
     torn = run.injections[1].action
@@ -234,7 +238,9 @@ def test_disk_full_fails_the_save_loudly_and_training_goes_on(simulate, tmp_path
     try:
         # 200 steps: the job must run on well past the 3 s the disk stays full, whatever its
         # speed, for a save after it to show that nothing was lost.
-        run = simulate([_fault("disk_full", at_s=9.0)], ckpt_dir=ckpt, steps=200)
+        run = simulate(
+            [_fault("disk_full", at_s=3.0)], ckpt_dir=ckpt, steps=200, from_first_step=True
+        )
         (row,) = run.rows
         assert row.injected_s is not None, row.note
         assert "No space left" in run.log or "ENOSPC" in run.log, run.log[-4000:]
@@ -244,7 +250,10 @@ def test_disk_full_fails_the_save_loudly_and_training_goes_on(simulate, tmp_path
 
 
 def test_preemption_saves_an_agreed_step_and_the_next_job_resumes(simulate) -> None:
-    run = simulate([_fault("preempt", at_s=14.0, victim=0)], steps=200, tag="-1")
+    # From the first step: at 14 s from the launch, a busy machine had not started training.
+    run = simulate(
+        [_fault("preempt", at_s=4.0, victim=0)], steps=200, tag="-1", from_first_step=True
+    )
     assert run.code == 5, f"preempted launcher exit {run.code}; log:\n{run.log[-4000:]}"
     preempted = [e for e in read_ledger([run.ledger_dir]).events if e.event == "preempted"]
     assert preempted, "no preempted event in the ledger"
@@ -257,9 +266,15 @@ def test_preemption_saves_an_agreed_step_and_the_next_job_resumes(simulate) -> N
 
 
 def test_node_loss_then_a_new_launcher_resumes_from_the_last_commit(simulate) -> None:
-    # At 15 s of a 200-step job a step is committed on any machine (the first commit waits
-    # for the writers' start-up, a few seconds on a busy one), and the job is still running.
-    run = simulate([_fault("node_loss", at_s=15.0, victim=0)], restart_nodes_after_s=1.0, steps=200)
+    # 8 s after the first step of a 200-step job a step is committed on any machine (the first
+    # commit waits for the writers' start-up, a few seconds on a busy one), and the job is
+    # still running. (Timed from the launch, 15 s was before the first commit on a busy one.)
+    run = simulate(
+        [_fault("node_loss", at_s=8.0, victim=0)],
+        restart_nodes_after_s=1.0,
+        steps=200,
+        from_first_step=True,
+    )
     (row,) = run.rows
     assert row.injected_s is not None, row.note
     resumed = [line for line in run.log.splitlines() if "starts at step" in line]
