@@ -78,6 +78,32 @@ def test_same_error_at_the_same_step_stops_after_3_attempts(launch, marker_dir, 
     assert events[-1].data["rule"] == "repeated"
 
 
+def test_the_same_error_with_steps_gained_in_between_is_restarted(launch, marker_dir, tmp_path):
+    # Each attempt records a later step in the ledger before the same error: a recurring fault
+    # of a progressing job. --max-restarts ends it, not the repeated-failure rule.
+    launcher = launch(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "3",
+            *FAST_FT_FLAGS,
+            "--goodput-dir",
+            str(tmp_path / "ledger"),
+            str(WORKER),
+            str(marker_dir),
+            "progress",
+        ]
+    )
+    code = launcher.wait(240)
+    log = launcher.log()
+    assert code == 1, log
+    assert len(markers(marker_dir, "progress")) == 4, log
+    (last,) = [x for x in log.splitlines() if "ft-launcher exits" in x]
+    assert "exits 1 (restarts_exhausted)" in last, last
+    assert "stopped_repeated" not in log
+
+
 def test_max_no_progress_cycles_0_keeps_max_restarts_the_only_bound(launch, marker_dir):
     launcher = launch(
         [

@@ -3,8 +3,8 @@ error on the first attempt, restart storm, GPU hardware on this node."""
 
 from __future__ import annotations
 
-from resiliency.launcher.failure_classes import CycleEvidence, RankEvidence, classify
-from resiliency.launcher.stop_rules import Action, StopRules
+from resiliency.launcher.failure_classes import RULES, CycleEvidence, RankEvidence, classify
+from resiliency.launcher.stop_rules import _REPEAT_BY_NATURE, Action, StopRules
 
 
 def _crash(rank: int, exc: str, message: str, node: int = 0) -> RankEvidence:
@@ -77,3 +77,32 @@ def test_gpu_hardware_on_this_node_restarts_without_it():
     assert decision.action is Action.RESTART_WITHOUT_NODE
     elsewhere = StopRules(1, 3, 0, 600.0).decide(classify(_ev(ecc)), now=0.0)
     assert elsewhere.action is Action.RESTART
+
+
+def test_a_repeated_failure_with_progress_in_between_goes_on():
+    # The same SimulatedCrash of rank 1 three times, but the job's ledger gained steps in
+    # between: a recurring fault of a progressing job, not a deterministic one.
+    rules = _rules()
+    crash = classify(_ev(_crash(1, "SimulatedCrash", "crash injected by resiliency-simulate")))
+    actions = [rules.decide(crash, now=float(i), progress=10 * i).action for i in range(4)]
+    assert actions == [Action.RESTART] * 4
+    # ... and once it stops progressing, three failures at the same step stop it.
+    actions = [rules.decide(crash, now=5.0 + i, progress=40).action for i in range(3)]
+    assert actions == [Action.RESTART, Action.RESTART, Action.STOP]
+
+
+def test_without_progress_only_failures_that_repeat_by_nature_count():
+    killed = RankEvidence(rank=1, node=0, exitcode=-9)  # SIGKILL
+    kill = classify(_ev(killed))
+    rules = _rules()
+    assert {rules.decide(kill, now=float(i)).action for i in range(5)} == {Action.RESTART}
+    exited = classify(_ev(RankEvidence(rank=1, node=0, exitcode=3)))
+    rules = _rules()
+    assert {rules.decide(exited, now=float(i)).action for i in range(5)} == {Action.RESTART}
+    nan = classify(_ev(_crash(1, "FloatingPointError", "loss is nan at step 7")))
+    rules = _rules()
+    assert [rules.decide(nan, now=float(i)).action for i in range(3)][-1] is Action.STOP
+
+
+def test_the_rules_that_repeat_by_nature_are_rules_of_the_table():
+    assert {rule.name for rule in RULES} >= _REPEAT_BY_NATURE

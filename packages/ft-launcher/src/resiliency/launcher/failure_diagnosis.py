@@ -21,6 +21,7 @@ from resiliency.launcher.agent_settings import Outcome
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.failure_classes import FailureClass, FailureVerdict, classify
 from resiliency.launcher.failure_evidence import cycle_evidence, oom_kill_count
+from resiliency.launcher.job_progress import highest_step
 from resiliency.launcher.stop_rules import Action, StopDecision, StopRules
 from resiliency.launcher.workload_control import stop_the_job, stopped_result
 
@@ -81,7 +82,7 @@ def diagnose_cycle(agent: FtElasticAgent, result: RunResult, give_up: bool) -> R
         return None
     rules: StopRules = agent.stop_rules
     rules.set_node(agent.worker_group.group_rank or 0)
-    decision = rules.decide(verdict)
+    decision = rules.decide(verdict, progress=highest_step(agent.goodput.directory))
     if give_up and decision.action is Action.RESTART:
         decision = StopDecision(Action.STOP, "max_restarts", "no restarts left (--max-restarts)")
     logger.error(

@@ -44,6 +44,7 @@ class GoodputEvents:
     def __init__(self, directory: str | None, job: str | None = None) -> None:
         job = os.environ.get("RESILIENCY_JOB_ID") or job
         self.recorder = Recorder(directory, job=job, rank=None)
+        self.directory = directory  # the ledger the stop rules read the job's progress from
         self._cycles = 0
         self._open: int | None = None
         self._hang: tuple[str, list[int]] | None = None

@@ -4,10 +4,14 @@ The rules, tried in this order (each documented in docs/launcher.md, each config
 
 1. **configuration error on the first attempt** (class ``config`` in attempt 0): stop, exit 2
    (``USAGE``). The job never ran; a restart runs the same code with the same settings.
-2. **the same failure again**: the last ``max_no_progress_cycles`` failed cycles (default 3, the
-   name of NVIDIA's flag; 0: never) all have the same class, the same culprit ranks and the same
-   cause (exception type and message, which name the step where the code says it, the hung frame,
-   or the signal): stop, exit 6 (``DIAGNOSED_STOP``).
+2. **the same failure again, without progress**: the last ``max_no_progress_cycles`` failed
+   cycles (default 3, the name of NVIDIA's flag; 0: never) all have the same class, the same
+   culprit ranks and the same cause (exception type and message, the hung frame, or the signal),
+   and the job got no further in between: the highest step of its goodput ledger
+   (:mod:`~resiliency.launcher.job_progress`) is the same at each of these failures. Without a
+   ledger that records steps, only failures that repeat by nature count (an exception, a
+   configuration error, a NaN): a kill, an OOM kill or a hang that recurs cannot be told from
+   one that recurs while training progresses. Stop, exit 6 (``DIAGNOSED_STOP``).
 3. **a restart storm**: more than ``restart_storm_restarts`` restarts within
    ``restart_storm_window`` seconds (0, the default: never): stop, exit 6.
 4. **GPU hardware on this node** (class ``gpu_hardware``, this node a culprit): restart without
@@ -26,6 +30,14 @@ from dataclasses import dataclass
 from resiliency.launcher.failure_classes import FailureClass, FailureVerdict
 
 __all__ = ["Action", "StopDecision", "StopRules"]
+
+
+#: The classification rules (``FailureVerdict.rule``) of failures that repeat by nature: the
+#: same exception, configuration error or NaN again is the same failure even when the job's
+#: progress is unknown. A kill, an OOM kill, a hang or a bare exit code is not.
+_REPEAT_BY_NATURE = frozenset(
+    {"exception", "exit 78 or import / config exception", "NaN or Inf loss"}
+)
 
 
 class Action(str, enum.Enum):
@@ -73,22 +85,26 @@ class StopRules:
         self._repeat = max_no_progress_cycles
         self._storm = storm_restarts
         self._window = storm_window
-        self._history: list[FailureVerdict] = []
+        self._history: list[tuple[FailureVerdict, int | None]] = []
         self._restarts: deque[float] = deque()
 
     def set_node(self, node: int) -> None:
         """This node's group rank in the current round (it can change at a re-rendezvous)."""
         self._node = node
 
-    def decide(self, verdict: FailureVerdict, now: float | None = None) -> StopDecision:
+    def decide(
+        self, verdict: FailureVerdict, now: float | None = None, progress: int | None = None
+    ) -> StopDecision:
         """Record one failed cycle's verdict and decide what follows it.
 
         Args:
             verdict: the cycle's verdict.
             now: ``time.monotonic()`` of the failure (default: now).
+            progress: the highest step the job had reached at this failure (its ledger's);
+                None when unknown.
         """
         now = time.monotonic() if now is None else now
-        self._history.append(verdict)
+        self._history.append((verdict, progress))
         attempt = int(verdict.evidence.get("attempt", 0))
         if verdict.cls is FailureClass.CONFIG and attempt == 0:
             return StopDecision(
@@ -127,6 +143,12 @@ class StopRules:
         if len(self._history) < self._repeat:
             return False
         last = self._history[-self._repeat :]
-        if last[0].cls in (FailureClass.UNKNOWN, FailureClass.PREEMPTION):
+        first = last[0][0]
+        if first.cls in (FailureClass.UNKNOWN, FailureClass.PREEMPTION):
             return False
-        return len({v.signature for v in last}) == 1
+        if len({verdict.signature for verdict, _ in last}) != 1:
+            return False
+        steps = [progress for _, progress in last]
+        if all(step is not None for step in steps):
+            return len(set(steps)) == 1  # no step gained between the first and the last
+        return first.rule in _REPEAT_BY_NATURE
