@@ -7,7 +7,8 @@ several culprit nodes the first one counts). Its **lost progress** is the cycle'
 from the cycle's failure to the next cycle's failure (or the end of the ledger), i.e. detecting
 the failure and getting back to progress. A failed cycle without a diagnosis (a ledger written
 before the launcher recorded them, or a failure the launcher did not diagnose) counts as
-``unclassified``, so older ledgers give the same totals.
+``unclassified``, so older ledgers give the same totals. A cycle ended by an in-process
+restart (``inprocess_restart``) with no diagnosis takes ``inprocess_<cause>``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from resiliency.goodput.timeline import Cycle
 
 #: The class of a failed cycle that has no ``diagnosis`` event.
 UNCLASSIFIED = "unclassified"
+#: The class of a cycle ended by an in-process restart: this prefix and its cause.
+INPROCESS_PREFIX = "inprocess_"
 
 
 @dataclass
@@ -75,7 +78,8 @@ def by_class(
     for i, (cycle, cls) in enumerate(zip(cycles, _classes(events, cycles), strict=True)):
         if cycle.cause in (None, "success"):
             continue
-        row = rows.setdefault(cls or UNCLASSIFIED, ClassRow(cls or UNCLASSIFIED))
+        name = cls or (INPROCESS_PREFIX + cycle.inprocess if cycle.inprocess else UNCLASSIFIED)
+        row = rows.setdefault(name, ClassRow(name))
         row.failures += 1
         row.lost_progress_s += lost[i]
         lo = cycle.failure_time if cycle.failure_time is not None else cycle.end

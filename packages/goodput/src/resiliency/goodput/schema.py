@@ -30,6 +30,8 @@ FAILURE_CLASSES = (
     "config",
 )
 DECISIONS = ("restart", "restart_without_node", "stop")
+#: What started an in-process restart (resiliency.inprocess; a reader accepts others).
+INPROCESS_CAUSES = ("exception", "hang", "peer_fault")
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,15 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
         "rule": _f("str", "the stop rule that decided (repeated, restart_storm, ...)", False),
         "cycle": _f("int", "the launcher's cycle number of the failed cycle", False),
     },
+    "inprocess_restart": {
+        "cause": _f("str", "what started it: " + ", ".join(INPROCESS_CAUSES)),
+        "reason": _f("str", "exception type and message, or what hung or went silent"),
+        "ranks": _f("list[int]", "global ranks where the fault happened"),
+        "lost_ranks": _f("list[int]", "global ranks that left the job in it", False),
+        "iteration": _f("int", "the wrapper's restart iteration the job resumed as (1 = first)"),
+        "duration_s": _f("float", "seconds from the fault to the new call (it ends at the event)"),
+        "phases": _f("dict", "seconds per phase: abort, health_check, barrier, release", False),
+    },
 }
 
 EVENT_DOCS: dict[str, str] = {
@@ -147,6 +158,7 @@ EVENT_DOCS: dict[str, str] = {
     "preempted": "an emergency checkpoint was saved on preemption",
     "supervisor_decision": "the supervisor's controller decided an action on a node",
     "diagnosis": "the launcher's verdict on a failed cycle: class, culprits, decision",
+    "inprocess_restart": "the in-process wrapper restarted the function in the same processes",
 }
 
 

@@ -12,7 +12,8 @@ The job's time ``[start, end)`` is cut into *base* intervals that cover it witho
 (``duration_s`` before ``checkpoint_loaded``), the blocking part of a save (``blocked_s`` from the
 save's start), and hang detection (from ``timeout_s + latency_s`` before ``hang_detected``).
 Steps are sampled: a work interval stands for every step between two marks, at their average
-duration.
+duration. An ``inprocess_restart`` event (the same processes called the training function
+again) starts a cycle too; the cycle before it failed ``duration_s`` earlier.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Cycle:
     last_step: int | None = None
     failure_time: float | None = None
     hang: tuple[float, float] | None = None
+    inprocess: str | None = None  # the cause of the in-process restart that ended it
 
 
 @dataclass
@@ -145,6 +147,10 @@ def _cycle_starts(
     for when in [ev.time for ev in ledger.events if ev.event == "checkpoint_loaded"]:
         bisect.insort(progress, when)
     starts = _join_starts(node_starts, progress)
+    # An in-process restart starts a new cycle in the same processes (no cycle_started).
+    inprocess = [ev.time for ev in ledger.events if ev.event == "inprocess_restart"]
+    if inprocess:
+        starts = sorted({*(starts or [start]), *inprocess})
     if not starts:
         return [(start, 0)]
     return [(start, 0), *((when, i + 1) for i, when in enumerate(starts[1:]))]
@@ -235,10 +241,22 @@ def _cycles(ledger: Ledger, starts: list[tuple[float, int]], end: float) -> list
                 cycle.timer = ev.data.get("timer")
         elif ev.event == "cycle_ended" and cycle.cause is None:
             cycle.cause = "success"
+        elif ev.event == "inprocess_restart" and index > 0 and cycle.start == ev.time:
+            _inprocess_failure(cycles[index - 1], ev)
         elif ev.event == "hang_detected" and cycle.hang is None:
             cycle.hang = _hang_span(ev)
             cycle.timer = cycle.timer or ev.data.get("timer")
     return cycles
+
+
+def _inprocess_failure(cycle: Cycle, ev: Event) -> None:
+    """``cycle`` ended in an in-process restart that took ``duration_s`` up to ``ev``."""
+    cause = str(ev.data["cause"])
+    when = max(ev.time - float(ev.data["duration_s"]), cycle.start)
+    if cycle.failure_time is None or when < cycle.failure_time:
+        cycle.failure_time = when
+        cycle.cause = "hang" if cause == "hang" else "crash"
+        cycle.inprocess = cause
 
 
 def _hang_span(ev: Event) -> tuple[float, float]:
