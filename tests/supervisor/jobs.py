@@ -31,7 +31,7 @@ interval: 0.5
 policies:
   straggler: {threshold: 0.7, consecutive: 3}
   gpu_health: {}
-  repeated_failure: {consecutive: 3}
+  diagnosis: {exclude_classes: [gpu_hardware]}
   node_lost: {restart_survivors: true}
 """
 

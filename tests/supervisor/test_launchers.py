@@ -256,25 +256,41 @@ def test_a_killed_launcher_is_seen_and_the_job_restarts_on_the_rest(
     assert a.wait(120) == 0, a.log()
 
 
-def test_the_same_root_cause_three_cycles_in_a_row_stops_the_job(job_factory):
-    job = job_factory("1", "tcp")
-    # The launcher's own stop rule (the same failure max_no_progress_cycles times) is off:
-    # the supervisor's repeated_failure policy is what this test is about.
-    a = job.start_node(
-        "a",
-        worker_args=("--crash-after-steps", "5"),
-        launcher_args=("--ft-max-no-progress-cycles", "0"),
-    )
+@pytest.mark.parametrize("engine", ["tcp", "etcd"])
+def test_a_repeated_failure_is_stopped_once_by_the_launcher_and_named_by_the_supervisor(
+    job_factory, engine, request
+):
+    """The launcher's stop rule at its default (3 failures without progress) and the
+    supervisor's diagnosis policy: one decision (the launcher's exit 6), no supervisor shutdown,
+    and the controller's log names the launcher's verdicts it read from the node's document."""
+    if engine == "etcd":
+        url = request.getfixturevalue("etcd_server").url(f"repeat-{os.getpid()}")
+        job = job_factory("1", url)
+    else:
+        job = job_factory("1", "tcp")
+    a = job.start_node("a", worker_args=("--fail-at-step", "5"))
     controller = job.start_controller()
-    assert a.wait(180) == 3, a.log()  # stopped on purpose, long before 8 restarts ran out
-    match = controller.wait_for_log(
-        r"supervisor decision: shutdown node a \(policy repeated_failure\): 3 cycles in a row "
-        r"failed with the same root cause: exit:1; evidence: (\{.*\})",
-        10,
-    )
-    assert [f["cause"] for f in json.loads(match.group(1))["failures"]] == ["exit:1"] * 3
-    assert "supervisor (repeated_failure)" in a.log()
+    assert a.wait(240) == 6, a.log()  # stopped by the launcher, long before 8 restarts ran out
+    assert "stopped_repeated" in a.log() and "consecutive attempts" in a.log(), a.log()
     assert "restarts: 8" not in a.log()
+    # The supervisor read the launcher's verdicts (the failed attempts before the stop at least)
+    # from a's documents, and named them in its log.
+    controller.wait_for_log(
+        r"diagnosis of node a's launcher \(cycle \d+\): crash \(ranks 0, nodes 0\)", 30
+    )
+    # One owner: the launcher decided; the supervisor wrote no intent of its own.
+    assert "supervisor decision:" not in controller.log()
+    assert job.decisions() == []
+    assert "supervisor (" not in a.log()
+    verdicts = [
+        json.loads(line)
+        for path in job.goodput.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+        if '"diagnosis"' in line
+    ]
+    verdicts = [v for v in verdicts if v["event"] == "diagnosis"]
+    assert [v["decision"] for v in verdicts][-1] == "stop", verdicts
+    assert {v["cls"] for v in verdicts} == {"crash"} and verdicts[-1]["rule"] == "repeated"
 
 
 def _wait_for(condition, timeout: float, message: str) -> None:

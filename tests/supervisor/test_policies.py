@@ -7,6 +7,7 @@ import time
 import pytest
 
 from resiliency.supervisor import (
+    DiagnosisPolicy,
     GpuDevice,
     GpuHealthPolicy,
     NodeLostPolicy,
@@ -15,7 +16,6 @@ from resiliency.supervisor import (
     Observation,
     PolicyError,
     RankStatus,
-    RepeatedFailurePolicy,
     StragglerPolicy,
     load_policies,
 )
@@ -105,22 +105,83 @@ def test_gpu_ecc_or_critical_xid_excludes_at_once():
     assert d.node == "a"
 
 
-def test_repeated_failure_stops_the_job_after_k_same_causes():
-    p = RepeatedFailurePolicy(consecutive=3)
-    f = [
-        {"attempt": 0, "cause": "hang:heartbeat"},
-        {"attempt": 1, "cause": "peer"},
-        {"attempt": 2, "cause": "hang:heartbeat"},
-    ]
-    assert p.decide(obs(NodeView(status("a", 1, failures=f), new=True))) == []
-    f2 = [*f, {"attempt": 3, "cause": "exit:1"}]
-    assert p.decide(obs(NodeView(status("a", 2, failures=f2), new=True))) == []
-    f3 = [*f, {"attempt": 3, "cause": "hang:heartbeat"}]
-    (d,) = p.decide(obs(NodeView(status("a", 3, failures=f3), new=True)))
-    assert d.action == "shutdown" and "hang:heartbeat" in d.reason
-    assert len(d.evidence["failures"]) == 3
-    # Once per failure: the same list again decides nothing.
-    assert p.decide(obs(NodeView(status("a", 4, failures=f3), new=True))) == []
+def verdict(seq: int, cls: str, decision: str, nodes: list[str], **extra) -> dict:
+    return {
+        "seq": seq,
+        "cycle": seq - 1,
+        "cls": cls,
+        "culprit_ranks": [1],
+        "culprit_nodes": nodes,
+        "decision": decision,
+        "rule": extra.pop("rule", None),
+        "cause": extra.pop("cause", "RuntimeError: boom"),
+    }
+
+
+def test_diagnosis_excludes_the_gpu_culprit_another_node_named():
+    p = DiagnosisPolicy()
+    # While running, a is group rank 0 and b group rank 1.
+    running = obs(
+        NodeView(status("a", 1, (0,), group_rank=0), new=True),
+        NodeView(status("b", 1, (1,), group_rank=1), new=True),
+    )
+    assert p.decide(running) == []
+    # a's launcher blames b's GPU (a job-wide verdict); b is restarting by then.
+    gpu = verdict(1, "gpu_hardware", "restart", ["1"], cause="Xid 79: GPU fell off the bus")
+    failed = obs(
+        NodeView(status("a", 2, state="restarting", diagnoses=[gpu]), new=True),
+        NodeView(status("b", 2, state="restarting"), new=True),
+    )
+    (d,) = p.decide(failed)
+    assert (d.node, d.action, d.policy) == ("b", "exclude", "diagnosis")
+    assert "diagnosis by node a's launcher: gpu_hardware (ranks 1, nodes 1): Xid 79" in d.reason
+    assert d.evidence["diagnosed_by"] == "a" and d.evidence["cls"] == "gpu_hardware"
+    # The same verdict read again (the next documents carry it too) decides nothing.
+    again = obs(NodeView(status("a", 3, state="restarting", diagnoses=[gpu]), new=True))
+    assert p.decide(again) == []
+
+
+def test_diagnosis_leaves_the_launchers_own_decisions_to_them(caplog):
+    p = DiagnosisPolicy()
+    p.decide(obs(NodeView(status("a", 1, (0,), group_rank=0), new=True)))
+    # The culprit's own launcher takes its node out: no second decision.
+    own = verdict(1, "gpu_hardware", "restart_without_node", ["0"])
+    doc = status("a", 2, state="restarting", diagnoses=[own])
+    assert p.decide(obs(NodeView(doc, new=True))) == []
+    # A crash the launcher restarts, then stops (its repeated-failure rule): logged, no intent.
+    crash = verdict(2, "crash", "restart", ["0"])
+    stop = verdict(3, "crash", "stop", ["0"], rule="repeated")
+    with caplog.at_level("INFO", logger="resiliency.supervisor.policies"):
+        doc = status("a", 3, state="restarting", diagnoses=[own, crash, stop])
+        assert p.decide(obs(NodeView(doc, new=True))) == []
+    stops = "node a's launcher stops the job (rule repeated): crash (ranks 1, nodes 0)"
+    assert stops in caplog.text
+    assert "diagnosis of node a's launcher (cycle 1): crash" in caplog.text
+    # A culprit no running node had: logged, not acted on.
+    stray = verdict(4, "gpu_hardware", "restart", ["7"])
+    doc = status("a", 4, state="restarting", diagnoses=[stray])
+    assert p.decide(obs(NodeView(doc, new=True))) == []
+    assert "names node 7 (group rank) as culprit" in caplog.text
+    # A new launcher process on node a counts its verdicts from 1 again: read, not skipped.
+    p.decide(obs(NodeView(status("b", 1, (1,), group_rank=1), new=True)))
+    fresh = verdict(1, "gpu_hardware", "restart", ["1"])
+    doc = status("a", 1, state="restarting", pid=4242, diagnoses=[fresh])
+    b = status("b", 2, state="restarting")
+    (d,) = p.decide(obs(NodeView(doc, new=True), NodeView(b, new=True)))
+    assert d.node == "b"
+
+
+def test_diagnosis_exclude_classes_are_configurable():
+    p = DiagnosisPolicy(exclude_classes=["hang_io"])
+    p.decide(obs(NodeView(status("b", 1, (1,), group_rank=1), new=True)))
+    gpu = verdict(1, "gpu_hardware", "restart", ["1"])
+    io = verdict(2, "hang_io", "restart", ["1"], cause="read_shard")
+    doc = status("a", 1, state="restarting", diagnoses=[gpu, io])
+    b = status("b", 2, state="restarting")
+    (d,) = p.decide(obs(NodeView(doc, new=True), NodeView(b, new=True)))
+    assert d.node == "b" and "hang_io" in d.reason
+    with pytest.raises(PolicyError, match="list of failure classes"):
+        DiagnosisPolicy(exclude_classes="gpu_hardware")  # type: ignore[arg-type]
 
 
 def test_node_lost_restarts_the_running_survivors_only():
@@ -155,3 +216,8 @@ def test_load_policies(tmp_path):
     with pytest.raises(PolicyError, match="unexpected keyword"):
         load_policies({"policies": {"straggler": {"treshold": 1}}})
     assert len(load_policies(None)[0]) == 4
+    (diag,), _ = load_policies({"policies": {"diagnosis": {"exclude_classes": ["gpu_hardware"]}}})
+    assert diag.exclude_classes == frozenset({"gpu_hardware"})
+    # The supervisor's own repeated-failure rules are gone: an old policy file says what to do.
+    with pytest.raises(PolicyError, match="--ft-max-no-progress-cycles"):
+        load_policies({"policies": {"repeated_failure": {"consecutive": 3}}})

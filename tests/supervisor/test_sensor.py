@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from resiliency.goodput import Recorder
 from resiliency.supervisor import (
     Controller,
+    DiagnosisPolicy,
     GpuHealthPolicy,
     GpuWatch,
     NodeSensor,
@@ -181,4 +182,91 @@ def test_status_cli_prints_every_node_and_marks_stale_rows(backend_url: str, cap
     assert lines[0].split()[:2] == ["NODE", "STATE"]
     assert lines[1].startswith("a ") and "0:0.1s/step" in lines[1] and "STALE" not in lines[1]
     assert lines[2].startswith("b (STALE)") and "exclude#1" in lines[2]
+    backend.close()
+
+
+def test_launcher_diagnoses_reach_the_controller_through_the_ledger(
+    backend_url: str, tmp_path: Path, caplog
+):
+    """Two launchers on one host share its ledger file: each node's sensor publishes its own
+    launcher's verdicts only, and the controller excludes the GPU culprit that a names on b."""
+    ledger = tmp_path / "ledger"
+    backend = backend_from_url(backend_url)
+    ledger.mkdir()
+    groups = {"a": 0, "b": 1}
+    ranks = {"a": {0: RankStatus()}, "b": {1: RankStatus()}}
+    # What each launcher's probe says: running in the round, then restarting after it failed.
+    states = {"a": "running", "b": "running"}
+
+    def node_probe(node: str):
+        def sample() -> dict:
+            running = states[node] == "running"
+            group = groups[node] if running else None
+            return {"state": states[node], "group_rank": group, "ranks": ranks[node]}
+
+        return sample
+
+    sensors = {
+        node: NodeSensor(
+            backend, node, node_probe(node), interval=0.5, gpu=False, ledger_dir=str(ledger)
+        )
+        for node in groups
+    }
+    decisions = Recorder(tmp_path / "controller", job="j")
+    controller = Controller(backend, [DiagnosisPolicy()], recorder=decisions)
+    for sensor in sensors.values():
+        sensor.publish_once()
+    assert controller.cycle().decisions == []  # running: a is group rank 0, b group rank 1
+
+    # The launchers' recorders (rank None), named by group rank as the launcher names them.
+    launchers = {}
+    for node in ("a", "b"):
+        launchers[node] = Recorder(ledger, job="j", rank=None)
+        launchers[node].rename(str(groups[node]))
+    launchers["a"].emit(
+        "diagnosis",
+        cls="gpu_hardware",
+        culprit_ranks=[1],
+        culprit_nodes=["1"],
+        decision="restart",
+        evidence={"cause": "Xid 79: GPU has fallen off the bus", "rule": "gpu_error"},
+        rule="restart",
+        cycle=0,
+    )
+    launchers["b"].emit(
+        "diagnosis",
+        cls="crash",
+        culprit_ranks=[1],
+        culprit_nodes=["1"],
+        decision="restart",
+        evidence={"cause": "exited with code 1"},
+        rule="restart",
+        cycle=0,
+    )
+    for rec in launchers.values():
+        rec.close()
+    with open(next(ledger.glob("*.jsonl")), "a") as fh:  # a torn line from a crashed writer
+        fh.write('{"event": "diagnosis", "rank": null, "node": "0", "cls"\n')
+
+    states.update(a="restarting", b="restarting")  # the round ended
+    docs = {node: sensor.publish_once() for node, sensor in sensors.items()}
+    assert [(d["cls"], d["seq"]) for d in docs["a"].diagnoses] == [("gpu_hardware", 1)]
+    assert [(d["cls"], d["cause"]) for d in docs["b"].diagnoses] == [
+        ("crash", "exited with code 1")
+    ]
+    with caplog.at_level("INFO", logger="resiliency.supervisor.policies"):
+        stats = controller.cycle()
+    assert [(d.node, d.action, d.policy) for d in stats.decisions] == [
+        ("b", "exclude", "diagnosis")
+    ]
+    reason = stats.decisions[0].reason
+    assert "diagnosis by node a's launcher: gpu_hardware (ranks 1, nodes 1): Xid 79" in reason
+    assert "diagnosis of node b's launcher (cycle 0): crash (ranks 1, nodes 1)" in caplog.text
+    intent = sensors["b"].check_intent(timeout=5)
+    assert intent is not None and intent.action == "exclude" and intent.policy == "diagnosis"
+    # The next documents carry the same verdicts: nothing new is decided.
+    for sensor in sensors.values():
+        sensor.publish_once()
+    assert controller.cycle().decisions == []
+    decisions.close()
     backend.close()

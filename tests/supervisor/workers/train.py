@@ -35,6 +35,12 @@ def main() -> None:
         default=None,
         help="exit 1 after this many steps of every run (the same root cause)",
     )
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=None,
+        help="rank 0 raises ValueError at this step, in every run (a bad batch: no progress)",
+    )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     markers = Path(args.marker_dir)
@@ -55,6 +61,8 @@ def main() -> None:
     for step in range(first, args.steps):
         if finish.exists():
             break
+        if rank == 0 and step == args.fail_at_step:
+            raise ValueError(f"bad batch at step {step}: label 7 is out of range [0, 5)")
         client.start_section("step")
         slow = slow_node and inject.exists()
         time.sleep(args.step_s * (args.slow_factor if slow else 1.0))

@@ -1,5 +1,6 @@
 """Follow this host's goodput ledger for what the workers report (steps, checkpoints,
-straggler scores), without any new channel between the workers and the launcher."""
+straggler scores) and what the launcher concluded (its ``diagnosis`` of each failed cycle),
+without any new channel between the workers, the launcher and the sensor."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import re
 import socket
 import time
+from collections import deque
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ __all__ = ["LedgerTail"]
 logger = logging.getLogger(__name__)
 
 _MAX_READ = 4 * 1024 * 1024
+#: The latest diagnoses a node's document carries (a controller cycle reads them all).
+MAX_DIAGNOSES = 4
 
 
 def _scores(raw: Any) -> dict[int, dict[str, float]]:
@@ -48,6 +52,9 @@ class LedgerTail:
         checkpoint_time: wall time of the last ``checkpoint_saved``.
         straggler_seq: ``straggler_detected`` events seen.
         straggler: the latest report's scores, rank -> {kind: score}.
+        diagnoses: the launcher's latest verdicts on failed cycles, oldest first, each
+            ``{"seq", "cycle", "cls", "culprit_ranks", "culprit_nodes", "decision", "rule",
+            "cause"}``; ``seq`` counts the verdicts this tail has read (1, 2, ...).
     """
 
     def __init__(self, directory: str | os.PathLike[str], host: str | None = None) -> None:
@@ -60,10 +67,28 @@ class LedgerTail:
         self.checkpoint_time: float | None = None
         self.straggler_seq = 0
         self.straggler: dict[int, dict[str, float]] = {}
+        self._diagnoses: deque[dict[str, Any]] = deque(maxlen=MAX_DIAGNOSES)
+        self._diagnosis_seq = 0
         self.poll(set(), skip_existing=True)
 
-    def poll(self, ranks: set[int], *, skip_existing: bool = False) -> None:
-        """Read new complete lines; keep those written by ``ranks`` (this node's workers)."""
+    @property
+    def diagnoses(self) -> list[dict[str, Any]]:
+        """The latest verdicts of this node's launcher, oldest first."""
+        return list(self._diagnoses)
+
+    def poll(
+        self, ranks: set[int], *, node: str | None = None, skip_existing: bool = False
+    ) -> None:
+        """Read new complete lines; keep those written by ``ranks`` (this node's workers) and
+        the ``diagnosis`` events of this node's launcher.
+
+        Args:
+            ranks: this node's workers' global ranks.
+            node: this node's name in the ledger (its group rank in its latest round, as its
+                launcher writes it); None: no diagnosis is kept (several launchers can share a
+                host's ledger file, each writes under its own group rank).
+            skip_existing: start at the files' current ends.
+        """
         try:
             files = [p for p in self.directory.iterdir() if p.name.endswith(self._suffix)]
         except OSError:
@@ -88,16 +113,22 @@ class LedgerTail:
             if lines[-1]:
                 self._partial[path] = lines[-1]
             for line in lines[:-1]:
-                self._line(line, ranks)
+                self._line(line, ranks, node)
 
-    def _line(self, line: bytes, ranks: set[int]) -> None:
+    def _line(self, line: bytes, ranks: set[int], node: str | None) -> None:
         try:
             event = json.loads(line)
         except ValueError:
             return
-        if not isinstance(event, dict) or event.get("rank") not in ranks:
+        if not isinstance(event, dict):
             return
         kind = event.get("event")
+        if kind == "diagnosis":
+            if node is not None and event.get("rank") is None and event.get("node") == node:
+                self._diagnosis(event)
+            return
+        if event.get("rank") not in ranks:
+            return
         if kind == "step" and isinstance(event.get("step"), int):
             self.step = event["step"]
         elif kind == "checkpoint_saved":
@@ -107,6 +138,26 @@ class LedgerTail:
         elif kind == "straggler_detected":
             self.straggler_seq += 1
             self.straggler = _scores(event.get("scores"))
+
+    def _diagnosis(self, event: dict[str, Any]) -> None:
+        evidence = event.get("evidence")
+        cause = evidence.get("cause") if isinstance(evidence, dict) else None
+        try:
+            verdict = {
+                "cycle": event.get("cycle"),
+                "cls": str(event["cls"]),
+                "culprit_ranks": [int(r) for r in event.get("culprit_ranks") or []],
+                "culprit_nodes": [str(n) for n in event.get("culprit_nodes") or []],
+                "decision": str(event["decision"]),
+                "rule": event.get("rule"),
+                # One line: the document stays small (the evidence stays in the ledger).
+                "cause": str(cause)[:300] if cause is not None else None,
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("ignoring a malformed diagnosis event in the ledger: %s", exc)
+            return
+        self._diagnosis_seq += 1
+        self._diagnoses.append({"seq": self._diagnosis_seq, **verdict})
 
     def checkpoint_age(self) -> float | None:
         """Seconds since the last committed checkpoint (None: none seen)."""

@@ -126,6 +126,9 @@ class NodeStatus:
         gpu_note: why the GPU watchdogs are off, when they are.
         checkpoint_age: seconds since the last committed checkpoint (None: none seen).
         failures: the last cycle failures, oldest first: {"attempt": n, "cause": "hang:heartbeat"}.
+        diagnoses: the launcher's latest verdicts on failed cycles (its ``diagnosis`` events of
+            the goodput ledger), oldest first: {"seq", "cycle", "cls", "culprit_ranks",
+            "culprit_nodes" (group ranks), "decision", "rule", "cause"}.
         intent_done: id of the last intent this node acted on.
     """
 
@@ -147,6 +150,7 @@ class NodeStatus:
     gpu_note: str | None = None
     checkpoint_age: float | None = None
     failures: list[dict[str, Any]] = field(default_factory=list)
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)
     intent_done: int = 0
 
     def to_json(self) -> bytes:

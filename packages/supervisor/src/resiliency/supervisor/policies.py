@@ -8,6 +8,7 @@ the writer's clock) is never acted on.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,15 +23,17 @@ from resiliency.supervisor.gpu import CRITICAL_XIDS
 
 __all__ = [
     "Decision",
+    "DiagnosisPolicy",
     "GpuHealthPolicy",
     "NodeLostPolicy",
     "NodeView",
     "Observation",
     "Policy",
-    "RepeatedFailurePolicy",
     "StragglerPolicy",
     "load_policies",
 ]
+
+logger = logging.getLogger(__name__)
 
 _ACTIVE = ("running", "restarting")
 
@@ -239,48 +242,95 @@ class GpuHealthPolicy(Policy):
         return decisions
 
 
-class RepeatedFailurePolicy(Policy):
-    """Stop the job when ``consecutive`` cycles in a row failed with the same root cause.
+class DiagnosisPolicy(Policy):
+    """Act on the launchers' failure verdicts (the ``diagnosis`` events of the goodput ledger,
+    which each node's sensor publishes), not on a copy of their rules.
 
-    A node reports its cycle failures (``failures``: attempt and normalized cause such as
-    ``hang:heartbeat`` or ``exit:1``); causes that only say another node failed do not count.
+    One owner per decision: the launcher decides restart, restart without its node, or stop
+    (its stop rules, ``--ft-max-no-progress-cycles``); the supervisor adds no intent for those.
+    It acts where a launcher cannot: a verdict of a class in ``exclude_classes`` (GPU hardware,
+    by default) names culprit nodes, and a named node that did not leave by itself (its own
+    launcher decided ``restart_without_node``) is excluded, whichever node's launcher named it.
+    Every verdict read is logged with the node that reached it.
 
     Args:
-        consecutive: cycles in a row with one cause.
+        exclude_classes: failure classes whose culprit nodes are excluded.
     """
 
-    name = "repeated_failure"
+    name = "diagnosis"
 
-    def __init__(self, consecutive: int = 3) -> None:
-        if consecutive < 2:
-            raise PolicyError("repeated_failure: consecutive must be >= 2")
-        self.consecutive = consecutive
-        self._acted: dict[str, int] = {}
+    def __init__(self, exclude_classes: tuple[str, ...] | list[str] = ("gpu_hardware",)) -> None:
+        if isinstance(exclude_classes, str):
+            raise PolicyError("diagnosis: exclude_classes is a list of failure classes")
+        self.exclude_classes = frozenset(str(c) for c in exclude_classes)
+        self._seen: dict[tuple[str, int], int] = {}
+        self._groups: dict[str, str] = {}
 
     def decide(self, obs: Observation) -> list[Decision]:
         """See :class:`Policy`."""
+        for node, view in obs.nodes.items():
+            if view.status.state == "running" and view.status.group_rank is not None:
+                # The culprits are named by group rank: remember whose it was in the last
+                # round (a failed round's verdict arrives after it ended).
+                self._groups[str(view.status.group_rank)] = node
+        decisions = []
         for node, view in sorted(obs.nodes.items()):
-            if not view.new:
-                continue
-            own = [f for f in view.status.failures if f.get("cause") not in (None, "peer")]
-            last = own[-self.consecutive :]
-            if len(last) < self.consecutive or len({f["cause"] for f in last}) != 1:
-                continue
-            attempt = int(last[-1].get("attempt", 0))
-            if self._acted.get(node, -1) >= attempt:
-                continue
-            self._acted[node] = attempt
-            cause = last[0]["cause"]
-            return [
-                Decision(
+            key = (node, view.status.pid)  # a new launcher counts its verdicts from 1 again
+            for verdict in view.status.diagnoses:
+                seq = int(verdict.get("seq", 0))
+                if seq <= self._seen.get(key, 0):
+                    continue
+                self._seen[key] = seq
+                decisions.extend(self._verdict(node, verdict, obs))
+        return decisions
+
+    def _verdict(self, node: str, verdict: dict[str, Any], obs: Observation) -> list[Decision]:
+        what = _describe(verdict)
+        decision = verdict.get("decision")
+        logger.info(
+            "diagnosis of node %s's launcher (cycle %s): %s; its decision: %s",
+            node,
+            verdict.get("cycle"),
+            what,
+            decision,
+        )
+        if decision == "stop":
+            logger.warning(
+                "node %s's launcher stops the job (rule %s): %s; the launcher owns this "
+                "decision, the supervisor adds no intent",
+                node,
+                verdict.get("rule"),
+                what,
+            )
+        if verdict.get("cls") not in self.exclude_classes:
+            return []
+        out = []
+        for group in verdict.get("culprit_nodes", []):
+            target = self._groups.get(str(group))
+            if target is None:
+                logger.warning(
+                    "diagnosis of node %s names node %s (group rank) as culprit, which no "
+                    "running node was; not acted on",
                     node,
-                    "shutdown",
-                    self.name,
-                    f"{self.consecutive} cycles in a row failed with the same root cause: {cause}",
-                    {"failures": last},
+                    group,
                 )
-            ]
-        return []
+                continue
+            if target == node and decision == "restart_without_node":
+                continue  # its own launcher takes it out of the job already
+            view = obs.nodes.get(target)
+            if view is None or view.status.state not in (*_ACTIVE, "waiting"):
+                continue
+            evidence = {"diagnosed_by": node, "culprit_group_rank": str(group), **verdict}
+            reason = f"diagnosis by node {node}'s launcher: {what}"
+            out.append(Decision(target, "exclude", self.name, reason, evidence))
+        return out
+
+
+def _describe(verdict: dict[str, Any]) -> str:
+    ranks = ", ".join(str(r) for r in verdict.get("culprit_ranks", [])) or "none"
+    nodes = ", ".join(str(n) for n in verdict.get("culprit_nodes", [])) or "none"
+    cause = verdict.get("cause")
+    return f"{verdict.get('cls')} (ranks {ranks}, nodes {nodes})" + (f": {cause}" if cause else "")
 
 
 class NodeLostPolicy(Policy):
@@ -323,7 +373,7 @@ class NodeLostPolicy(Policy):
 _FACTORIES: dict[str, Any] = {
     "straggler": StragglerPolicy,
     "gpu_health": GpuHealthPolicy,
-    "repeated_failure": RepeatedFailurePolicy,
+    "diagnosis": DiagnosisPolicy,
     "node_lost": NodeLostPolicy,
 }
 
@@ -337,7 +387,7 @@ def load_policies(source: str | Path | dict[str, Any] | None) -> tuple[list[Poli
         policies:
           straggler: {threshold: 0.7, consecutive: 3}
           gpu_health: {ecc: true, xids: [48, 79, 94, 95]}
-          repeated_failure: {consecutive: 3}
+          diagnosis: {exclude_classes: [gpu_hardware]}
           node_lost: {restart_survivors: true}
 
     A policy left out is off; ``None`` (no file) turns every policy on with its defaults.
@@ -358,11 +408,20 @@ def load_policies(source: str | Path | dict[str, Any] | None) -> tuple[list[Poli
         raise PolicyError("a policy file has the keys 'interval' and 'policies' only")
     policies = []
     for name, settings in (doc.get("policies") or {}).items():
+        if name == "repeated_failure":
+            raise PolicyError(
+                "the repeated_failure policy is gone: the launcher stops a job that fails the "
+                "same way without progress (--ft-max-no-progress-cycles, default 3), and the "
+                "supervisor's 'diagnosis' policy acts on its verdicts; remove repeated_failure "
+                "from the policy file"
+            )
         if name not in _FACTORIES:
             raise PolicyError(f"unknown policy {name!r}; known: {', '.join(_FACTORIES)}")
         kwargs = dict(settings or {})
         if "xids" in kwargs:
             kwargs["xids"] = frozenset(kwargs["xids"])
+        if isinstance(kwargs.get("exclude_classes"), list):
+            kwargs["exclude_classes"] = tuple(kwargs["exclude_classes"])
         try:
             policies.append(_FACTORIES[name](**kwargs))
         except TypeError as exc:

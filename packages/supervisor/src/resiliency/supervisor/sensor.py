@@ -3,9 +3,10 @@
 A :class:`NodeSensor` runs one thread. Each interval it builds a
 :class:`~resiliency.supervisor.document.NodeStatus` from a *probe* (a callable returning what
 the owner knows: the launcher's state, restarts, hangs, per-rank heartbeat age and section), the
-goodput ledger (steps, checkpoints, straggler reports) and NVML, and puts it with a ttl of two
-intervals: ONE write per interval. Between two writes it waits for a change of the node's intent
-key (an etcd watch, or a TCPStore poll) and hands a new intent to ``on_intent``.
+goodput ledger (steps, checkpoints, straggler reports, the launcher's failure diagnoses) and
+NVML, and puts it with a ttl of two intervals: ONE write per interval. Between two writes it
+waits for a change of the node's intent key (an etcd watch, or a TCPStore poll) and hands a new
+intent to ``on_intent``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class NodeSensor:
         self._gpu: GpuWatch | None = GpuWatch() if gpu is None or gpu is True else gpu or None
         self._on_intent = on_intent
         self._seq = 0
+        self._group: str | None = None  # the node's group rank in its latest round
         self._intent_raw: bytes | None = None
         self.intent_done = 0
         self.latest: NodeStatus | None = None
@@ -93,12 +95,17 @@ class NodeSensor:
         """Build the current document (no I/O to the backend)."""
         fields = dict(self._probe())
         ranks = {int(r) for r in fields.get("ranks", {})}
+        if fields.get("group_rank") is not None:
+            # A failed round's diagnosis is written after the round ended (group_rank None by
+            # then), under the group rank the node had in it.
+            self._group = str(fields["group_rank"])
         if self._ledger is not None:
-            self._ledger.poll(ranks)
+            self._ledger.poll(ranks, node=self._group)
             fields.setdefault("step", self._ledger.step)
             fields.setdefault("checkpoint_age", self._ledger.checkpoint_age())
             fields.setdefault("straggler_seq", self._ledger.straggler_seq)
             fields.setdefault("straggler", self._ledger.straggler)
+            fields.setdefault("diagnoses", self._ledger.diagnoses)
         if self._gpu is not None:
             fields["gpu"] = self._gpu.sample()
             fields["gpu_note"] = self._gpu.note
