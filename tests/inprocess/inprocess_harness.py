@@ -60,11 +60,17 @@ class Torchrun:
         self.tmp = tmp
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def run(self, *job_args: str, timeout: float = 400, name: str = "run") -> Run:
+    def run(
+        self,
+        *job_args: str,
+        timeout: float = 400,
+        name: str = "run",
+        env: dict[str, str] | None = None,
+    ) -> Run:
         out = self.tmp / name
         out.mkdir()
         log = self.tmp / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
         cmd = [
             sys.executable,
             "-m",

@@ -2,7 +2,8 @@
 
 Run by torchrun. Each rank appends JSON lines to OUT/rank<initial>.jsonl: one ``start`` line
 per iteration (pid, iteration, step, the parameters at that step), one ``step`` line per
-completed step, and ``done`` with the final parameters. The model, optimizer and step live
+completed step, and ``done`` with the final parameters; rank 0 records its steps in the
+goodput ledger when ``RESILIENCY_GOODPUT_DIR`` is set. The model, optimizer and step live
 outside the wrapped function, so a restart in the same process continues from memory.
 
 Faults (only in the iteration given, so the restart is clean):
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from resiliency import inprocess
+from resiliency.goodput import get_recorder
 from resiliency.inprocess.state import FrozenState
 
 INITIAL_RANK = int(os.environ["RANK"])
@@ -98,6 +100,8 @@ class Job:
             ddp(x).pow(2).mean().backward()
             self.opt.step()
             self.step += 1
+            # rank 0's steps in the goodput ledger (a no-op without RESILIENCY_GOODPUT_DIR)
+            get_recorder().step(self.step)
             self.record(event="step", iteration=iteration, step=self.step)
             self.record(event="params", step=self.step, params=params(self.model))
             time.sleep(self.args.step_time)

@@ -80,7 +80,11 @@ class RestartStore:
 
     # one restart iteration
     def report_fault(self, iteration: int, initial: int, record: dict[str, Any]) -> None:
-        """Publish this rank's fault for ``iteration``; every monitor sees the counter move."""
+        """Publish this rank's fault for ``iteration``; every monitor sees the counter move.
+
+        The record gets the wall time of the report (``time``) unless it has one.
+        """
+        record = {"time": time.time(), **record}
         self.store.set(f"{iteration}/fault/{initial}", json.dumps(record, default=str))
         self.store.add(f"{iteration}/faults", 1)
 

@@ -30,6 +30,7 @@ from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
 from resiliency.inprocess._monitor import Monitor
 from resiliency.inprocess._progress import Progress
+from resiliency.inprocess._restart_report import RestartTimes, report_restart
 from resiliency.inprocess._restart_store import RestartStore, connect
 from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_baseline
 from resiliency.inprocess.compose import Compose
@@ -494,21 +495,6 @@ class CallWrapper:
         self.state = state = ctx.state
         state.advance()
         state.set_distributed_vars()
-        self._members = survivors
-        done = time.monotonic()
-        log.warning(
-            "rank %d (initial %d): restart %d -> %d in %.3f s (abort %.3f s, finalize and "
-            "health check %.3f s, barrier %.3f s, freeing the failed call %.3f s); lost initial "
-            "ranks %s; world size %d",
-            state.rank,
-            state.initial_rank,
-            it,
-            state.iteration,
-            done - started,
-            aborted - started,
-            checked - aborted,
-            met - checked,
-            done - met,
-            lost or "none",
-            state.world_size,
-        )
+        members, self._members = self._members, survivors
+        times = RestartTimes(started, aborted, checked, met, time.monotonic())
+        report_restart(store, state, failed=it, members=members, survivors=survivors, times=times)

@@ -1,0 +1,80 @@
+"""An in-process restart is one ``inprocess_restart`` event in the job's goodput ledger, and
+``resiliency-goodput report`` counts it as a restart.
+
+4 gloo ranks under plain torchrun with ``RESILIENCY_GOODPUT_DIR`` set, as the launcher sets it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from inprocess_harness import FAULT_STEP, NPROC, Torchrun
+
+from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
+from resiliency.goodput.cli import main as report_main
+
+
+@pytest.mark.slow
+def test_a_rank_raising_is_one_restart_in_the_ledger_and_the_report(
+    torchrun: Torchrun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger_dir = tmp_path / "ledger"
+    run = torchrun.run(
+        "--raise",
+        f"2@{FAULT_STEP}",
+        name="ledger",
+        env={DIR_ENV: str(ledger_dir), "RESILIENCY_JOB_ID": "inprocess-ledger"},
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert sorted(s["rank"] for s in run.starts(1)) == list(range(NPROC))
+    paths = sorted(ledger_dir.glob("*.jsonl"))
+    assert paths, f"no ledger written in {ledger_dir}"
+    lines = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x]
+    restarts = [x for x in lines if x["event"] == "inprocess_restart"]
+    assert len(restarts) == 1, restarts
+    [event] = restarts
+    assert validate_event(event) is None
+    assert event["cause"] == "exception"
+    assert event["reason"].startswith(
+        f"rank 2: RuntimeError: injected fault on rank 2 at step {FAULT_STEP}"
+    ), event["reason"]
+    assert event["ranks"] == [2]
+    assert event["lost_ranks"] == []
+    assert event["iteration"] == 1
+    assert event["rank"] == 0
+    assert set(event["phases"]) == {"abort", "health_check", "barrier", "release"}
+    assert event["duration_s"] >= sum(event["phases"].values()) * 0.99 > 0
+
+    report = compute(read_ledger(paths))
+    assert report.restarts == 1
+    assert report.attempts[0].cause == "crash"
+    # the model and the step live in memory: training went on from the fault's step
+    assert report.attempts[1].restore_step is not None
+    assert report.attempts[1].restore_step >= FAULT_STEP
+    assert report.timeline is not None and sum(report.timeline.work.lost) == 0
+    assert report.whole.seconds["restart"] >= event["duration_s"] * 0.999
+    [row] = report.by_class
+    assert (row.cls, row.failures) == ("inprocess_exception", 1)
+    assert row.restart_s >= event["duration_s"] * 0.999
+
+    assert report_main(["report", str(ledger_dir)]) == 0
+    out = capsys.readouterr().out
+    assert any(x.split()[:2] == ["inprocess_exception", "1"] for x in out.splitlines()), out
+
+
+@pytest.mark.slow
+def test_a_ledger_that_cannot_be_written_never_stops_the_restart(
+    torchrun: Torchrun, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the ledger directory should be\n")
+    run = torchrun.run(
+        "--raise", f"2@{FAULT_STEP}", name="unwritable", env={DIR_ENV: str(blocker / "ledger")}
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert sorted(s["rank"] for s in run.starts(1)) == list(range(NPROC))
+    assert {s["step"] for s in run.starts(1)} == {FAULT_STEP}
+    # the recorder said why it wrote nothing, and training went on
+    assert "goodput recorder: cannot write" in run.output, run.output[-6000:]
