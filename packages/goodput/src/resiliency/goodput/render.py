@@ -145,10 +145,11 @@ def render_text(report: Report) -> str:
     if report.by_class:
         lines.append("")
         lines.append("Failures by class (restart: detection to progress again):")
-        lines.append(f"{'class':<18} {'failures':>8} {'restart':>10} {'lost progress':>14}")
+        width = max(18, *(len(row.cls) for row in report.by_class))  # inprocess_peer_fault
+        lines.append(f"{'class':<{width}} {'failures':>8} {'restart':>10} {'lost progress':>14}")
         for row in report.by_class:
             lines.append(
-                f"{row.cls:<18} {row.failures:>8} {row.restart_s:>9.1f}s "
+                f"{row.cls:<{width}} {row.failures:>8} {row.restart_s:>9.1f}s "
                 f"{row.lost_progress_s:>13.1f}s"
             )
     if report.windows:
