@@ -78,6 +78,19 @@ def test_a_hang_is_its_own_class(tmp_path: Path) -> None:
     assert [r.cls for r in report.by_class] == ["inprocess_hang"]
 
 
+def test_a_hangs_soft_timeout_counts_as_its_detection(tmp_path: Path) -> None:
+    lines = _job(resume_from=10, cause="hang")
+    event = next(x for x in lines if x["event"] == "inprocess_restart")
+    event["timeout_s"] = 0.4 * MIN  # the hang began at 10.1, was reported at 10.5
+    assert validate_event(event) is None
+    report = _report(tmp_path, lines)
+    # detection (10.1 to 10.5) and the restart (to 12) are restart time; 10 to 10.1 was lost
+    assert report.whole.seconds["restart"] == pytest.approx(1.9 * MIN)
+    assert report.whole.seconds["lost_progress"] == pytest.approx(0.1 * MIN)
+    [row] = report.by_class
+    assert row.restart_s == pytest.approx(1.9 * MIN)
+
+
 def test_a_diagnosis_of_the_cycle_takes_precedence(tmp_path: Path) -> None:
     lines = _job(resume_from=10)
     at = next(i for i, x in enumerate(lines) if x["event"] == "inprocess_restart")

@@ -65,6 +65,33 @@ def test_a_rank_raising_is_one_restart_in_the_ledger_and_the_report(
 
 
 @pytest.mark.slow
+def test_a_hang_is_recorded_as_a_hang(torchrun: Torchrun, tmp_path: Path) -> None:
+    ledger_dir = tmp_path / "ledger"
+    run = torchrun.run(
+        "--hang",
+        f"1@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "40",
+        name="hang",
+        env={DIR_ENV: str(ledger_dir)},
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    lines = [json.loads(x) for p in ledger_dir.glob("*.jsonl") for x in p.read_text().splitlines()]
+    [event] = [x for x in lines if x["event"] == "inprocess_restart"]
+    assert event["cause"] == "hang"
+    # every rank stalls in a hang: the ranks whose soft timeout fired first are named, each
+    # with where its main thread sat (the culprit is the one outside the collective)
+    assert event["ranks"] and set(event["ranks"]) <= set(range(NPROC))
+    assert "no progress for" in event["reason"] and "main thread at" in event["reason"]
+    assert event["duration_s"] > 0
+    assert event["timeout_s"] == 4.0  # the hang began a soft timeout before it was reported
+    [row] = compute(read_ledger(sorted(ledger_dir.glob("*.jsonl")))).by_class
+    assert (row.cls, row.failures) == ("inprocess_hang", 1)
+
+
+@pytest.mark.slow
 def test_a_ledger_that_cannot_be_written_never_stops_the_restart(
     torchrun: Torchrun, tmp_path: Path
 ) -> None:

@@ -137,6 +137,9 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
         "iteration": _f("int", "the wrapper's restart iteration the job resumed as (1 = first)"),
         "duration_s": _f("float", "seconds from the fault to the new call (it ends at the event)"),
         "phases": _f("dict", "seconds per phase: abort, health_check, barrier, release", False),
+        "timeout_s": _f(
+            "float", "a hang's soft timeout: it began this long before the fault", False
+        ),
     },
 }
 

@@ -257,6 +257,10 @@ def _inprocess_failure(cycle: Cycle, ev: Event) -> None:
         cycle.failure_time = when
         cycle.cause = "hang" if cause == "hang" else "crash"
         cycle.inprocess = cause
+    timeout = ev.data.get("timeout_s")
+    if cause == "hang" and timeout is not None and cycle.hang is None:
+        # Detection, as for hang_detected: from the last progress (at most the timeout before).
+        cycle.hang = (when - float(timeout), when)
 
 
 def _hang_span(ev: Event) -> tuple[float, float]:

@@ -114,9 +114,8 @@ class Monitor(threading.Thread):
                 f"no progress for {stalled:.1f} s (soft_timeout {self.timeouts['soft']:g} s); "
                 f"main thread at {where}"
             )
-            self.store.report_fault(
-                it, self.state.initial_rank, {"kind": "soft_timeout", "reason": reason}
-            )
+            record = {"kind": "soft_timeout", "reason": reason, "timeout_s": self.timeouts["soft"]}
+            self.store.report_fault(it, self.state.initial_rank, record)
             self._trigger(reason)
             return
         dead = self.liveness.stale(self.peers)

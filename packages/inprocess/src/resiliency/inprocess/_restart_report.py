@@ -120,6 +120,9 @@ def _record(
     first = min((float(rec["time"]) for rec in faults.values() if "time" in rec), default=None)
     # From the first fault report on any rank (one node's clock), never less than this rank's own.
     duration = local if first is None else max(local, time.time() - first)
+    # A hang began a soft timeout before it was reported: the report dates its detection.
+    timeout = ordered[0][1].get("timeout_s") if kind == "soft_timeout" else None
+    extra = {} if timeout is None else {"timeout_s": float(timeout)}
     get_recorder().emit(
         "inprocess_restart",
         cause=_CAUSES.get(kind, kind),
@@ -129,4 +132,5 @@ def _record(
         iteration=state.iteration,
         duration_s=round(duration, 6),
         phases=times.phases(),
+        **extra,
     )
