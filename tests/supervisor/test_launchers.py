@@ -272,11 +272,14 @@ def test_a_repeated_failure_is_stopped_once_by_the_launcher_and_named_by_the_sup
     controller = job.start_controller()
     assert a.wait(240) == 6, a.log()  # stopped by the launcher, long before 8 restarts ran out
     assert "stopped_repeated" in a.log() and "consecutive attempts" in a.log(), a.log()
+    assert "ValueError: bad batch at step 5" in a.log()  # the repeated error is named
     assert "restarts: 8" not in a.log()
     # The supervisor read the launcher's verdicts (the failed attempts before the stop at least)
     # from a's documents, and named them in its log.
     controller.wait_for_log(
-        r"diagnosis of node a's launcher \(cycle \d+\): crash \(ranks 0, nodes 0\)", 30
+        r"diagnosis of node a's launcher \(cycle \d+\): crash \(ranks 0, nodes 0\): "
+        r"ValueError: bad batch at step 5",
+        30,
     )
     # One owner: the launcher decided; the supervisor wrote no intent of its own.
     assert "supervisor decision:" not in controller.log()
@@ -291,6 +294,32 @@ def test_a_repeated_failure_is_stopped_once_by_the_launcher_and_named_by_the_sup
     verdicts = [v for v in verdicts if v["event"] == "diagnosis"]
     assert [v["decision"] for v in verdicts][-1] == "stop", verdicts
     assert {v["cls"] for v in verdicts} == {"crash"} and verdicts[-1]["rule"] == "repeated"
+
+
+def test_a_gpu_verdict_takes_its_node_out_once_and_the_spare_joins(job_factory):
+    """b's rank fails with an Xid: b's own launcher diagnoses GPU hardware on its node and
+    leaves (exit 4); the supervisor names the verdict and adds no exclude of its own."""
+    job = job_factory("2:2", "tcp")
+    a = job.start_node("a")
+    controller = job.start_controller()
+    # "slow" marks the faulty node for the worker: its rank raises at step 20 of its run.
+    b = job.start_node("b", slow=True, worker_args=("--gpu-error-at-step", "40"))
+    _wait_running(job, ["a", "b"])
+    c = job.start_node("c")  # the spare, waiting in the rendezvous
+    assert b.wait(180) == 4, b.log()
+    assert "gpu_hardware" in b.log(), b.log()
+    controller.wait_for_log(
+        r"diagnosis of node b's launcher \(cycle \d+\): gpu_hardware \(ranks 1, nodes 1\)"
+        r": .*Xid 79.*; its decision: restart_without_node",
+        30,
+    )
+    c.wait_for_log("of 2, fresh worker store", 120)
+    left_at = job.progress(1)
+    _wait_for(lambda: job.progress(1) > left_at + 10, 90, "rank 1 made no progress on c")
+    assert "supervisor decision:" not in controller.log()  # one decision: b's launcher's
+    job.finish()
+    assert a.wait(120) == 0, a.log()
+    assert c.wait(120) == 0, c.log()
 
 
 def _wait_for(condition, timeout: float, message: str) -> None:

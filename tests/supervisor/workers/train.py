@@ -18,10 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from resiliency.ft import RankMonitorClient
 from resiliency.goodput import get_recorder
 
 
+@record  # the error file: the launcher's verdict names the exception
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--marker-dir", required=True)
@@ -40,6 +43,12 @@ def main() -> None:
         type=int,
         default=None,
         help="rank 0 raises ValueError at this step, in every run (a bad batch: no progress)",
+    )
+    parser.add_argument(
+        "--gpu-error-at-step",
+        type=int,
+        default=None,
+        help="a rank of a node started with SUPERVISOR_TEST_SLOW=1 raises a CUDA Xid error",
     )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
@@ -61,6 +70,8 @@ def main() -> None:
     for step in range(first, args.steps):
         if finish.exists():
             break
+        if slow_node and step == args.gpu_error_at_step:
+            raise RuntimeError("CUDA error: an Xid 79 was reported: GPU has fallen off the bus")
         if rank == 0 and step == args.fail_at_step:
             raise ValueError(f"bad batch at step {step}: label 7 is out of range [0, 5)")
         client.start_section("step")
