@@ -138,6 +138,10 @@ class GoodputEvents:
             rule=rule,
             cycle=self._cycles - 1,
         )
+        # On disk at once, not at the next periodic flush: the launcher may leave right after
+        # (stop, restart without this node), and the supervisor's sensor reads the verdict from
+        # the ledger for the node's last status document. A failure is rare: one write is cheap.
+        self.recorder.flush()
 
     def job_ended(self, exit_code: int, reason: str) -> None:
         """The launcher is exiting: close the open cycle, record the end, flush."""
