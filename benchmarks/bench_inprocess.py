@@ -24,6 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The launcher flags of the respawn setup are the fork-server benchmark's (run from this folder).
+from bench_fork_server import FT_FLAGS
+
 WORKER = r"""
 import json, os, sys, time
 from datetime import timedelta
@@ -89,19 +92,6 @@ else:
     train(0)
 """
 
-FT_FLAGS = [
-    "--monitor-interval",
-    "0.1",
-    "--ft-workload-check-interval",
-    "0.1",
-    "--ft-initial-rank-heartbeat-timeout",
-    "120",
-    "--ft-rank-heartbeat-timeout",
-    "null",
-    "--workers-stop-timeout",
-    "2",
-    "--no-gpu-health-check",
-]
 SETUPS = ("in-process", "ft-launcher --ft-preimport", "torchrun")
 
 
