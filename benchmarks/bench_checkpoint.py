@@ -3,6 +3,7 @@
     python benchmarks/bench_checkpoint.py                      # 2 gloo ranks, ~1 GiB state each
     python benchmarks/bench_checkpoint.py --size-gib 0.25 --repeats 2 --ours-saves 4   # quick
     python benchmarks/bench_checkpoint.py --json results.json
+    python benchmarks/bench_checkpoint.py --device cuda --world 1   # GPU state, one GPU
 
 Each rank holds the same DDP-style model and AdamW state (parameters + two moments, ``--size-gib``
 in total per rank) and saves it with every method, one method after the other, in one run:
@@ -14,6 +15,9 @@ in total per rank) and saves it with every method, one method after the other, i
 - ``ours``: ``CheckpointManager.save`` (plans, then copies only this rank's share);
 - ``copy (share)`` / ``copy (full)``: ``copy_`` of the tensors this rank writes (its DCP share),
   or of the whole state, into buffers allocated beforehand: the physical limit of blocking.
+  With ``--device cuda`` the buffers are pinned host memory (asynchronous copies, one
+  synchronization); ``copy (pageable)`` copies into ordinary host memory instead, which is what
+  staging costs without pinning.
 
 Per method: time the loop is blocked per save (median over ``--repeats`` saves after one
 warm-up, slowest rank), time until the step is durable, and peak extra memory: the PSS
@@ -100,16 +104,16 @@ class PeakSampler:
         self.peak = max(self.peak, pss_mib())
 
 
-def make_state(size_gib: float) -> dict[str, Any]:
+def make_state(size_gib: float, device: str = "cpu") -> dict[str, Any]:
     """A model's parameters and AdamW moments (3 x 4 bytes per parameter), 64 tensors."""
     per_tensor = int(size_gib * (1 << 30) / 12 / 64)
     torch.manual_seed(0)
-    params = {f"layer{i}.weight": torch.randn(per_tensor) for i in range(64)}
+    params = {f"layer{i}.weight": torch.randn(per_tensor, device=device) for i in range(64)}
     optim = {
         f"layer{i}.weight": {
             "step": torch.tensor(10.0),
-            "exp_avg": torch.randn(per_tensor),
-            "exp_avg_sq": torch.rand(per_tensor),
+            "exp_avg": torch.randn(per_tensor, device=device),
+            "exp_avg_sq": torch.rand(per_tensor, device=device),
         }
         for i in range(64)
     }
@@ -151,7 +155,14 @@ def run_method(name: str, state: dict[str, Any], work: Path, repeats: int, rank:
             share = [planner.lookup_object(i.index) for i in plans[rank].items if i.tensor_data]
         else:
             share = tensors_of(state)
-        buffers = [torch.empty_like(t) for t in share]
+        # a GPU tensor is copied to the host: pinned buffers unless the method says pageable
+        buffers = [
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=name != "copy (pageable)")
+            if t.is_cuda
+            else torch.empty_like(t)
+            for t in share
+        ]
+    cuda = any(t.is_cuda for t in tensors_of(state))
     dist.barrier()
     base = pss_mib()
     with PeakSampler() as sampler:
@@ -185,7 +196,9 @@ def run_method(name: str, state: dict[str, Any], work: Path, repeats: int, rank:
                 handle.wait()
             else:
                 for dst, src in zip(buffers, share, strict=True):
-                    dst.copy_(src)
+                    dst.copy_(src, non_blocking=src.is_cuda and dst.is_pinned())
+                if cuda:
+                    torch.cuda.synchronize()
                 t1 = time.perf_counter()
             t2 = time.perf_counter()
             if i > 0:  # the first save is a warm-up (spawns, first-touch of buffers)
@@ -225,6 +238,7 @@ def ours_rss_series(state: dict[str, Any], work: Path, saves: int) -> list[float
 
 METHODS = [
     "copy (full)",
+    "copy (pageable)",
     "copy (share)",
     "ours",
     "dcp.async_save thread",
@@ -245,7 +259,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, work: 
         world_size=world,
         timeout=timedelta(seconds=600),
     )
-    state = make_state(args.size_gib)
+    state = make_state(args.size_gib, args.device)
     size = sum(t.numel() * t.element_size() for t in tensors_of(state))
     results: dict[str, Any] = {}
     for name in args.methods:
@@ -272,7 +286,8 @@ def report(gathered: list[dict[str, Any]], args: argparse.Namespace) -> None:
         }
     size_mib = gathered[0]["size"] / (1 << 20)
     print(
-        f"\nstate per rank: {size_mib:.0f} MiB; {len(gathered)} gloo ranks; median of "
+        f"\nstate per rank: {size_mib:.0f} MiB on {args.device}; {len(gathered)} gloo ranks; "
+        f"median of "
         f"{args.repeats} saves after a warm-up; slowest rank"
     )
     print(f"{'method':<24}{'blocked s':>11}{'durable s':>11}{'peak extra MiB':>16}")
@@ -297,6 +312,7 @@ def report(gathered: list[dict[str, Any]], args: argparse.Namespace) -> None:
             json.dumps(
                 {
                     "size_mib": size_mib,
+                    "device": args.device,
                     "rows": rows,
                     "ours_pss_series": [g["series"] for g in gathered],
                 },
@@ -311,13 +327,20 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ours-saves", type=int, default=10)
-    parser.add_argument("--methods", nargs="*", default=METHODS)
+    parser.add_argument(
+        "--methods", nargs="*", default=None, help="default: all (copy (pageable) on cuda only)"
+    )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the state lives"
+    )
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.methods is None:
+        args.methods = [m for m in METHODS if args.device == "cuda" or m != "copy (pageable)"]
     if args.rank is not None:
         rank_main(args.rank, args.world, args.port, args, Path(args.dir))
         return 0

@@ -56,8 +56,9 @@ class Run:
 class Torchrun:
     """One ``python -m torch.distributed.run`` in its own session, killed by pid at teardown."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, nproc: int = NPROC) -> None:
         self.tmp = tmp
+        self.nproc = nproc
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def run(
@@ -76,7 +77,7 @@ class Torchrun:
             "-m",
             "torch.distributed.run",
             "--nproc-per-node",
-            str(NPROC),
+            str(self.nproc),
             "--master-addr",
             "127.0.0.1",
             "--master-port",
@@ -117,11 +118,13 @@ class Torchrun:
                 proc.wait(30)
 
 
-def assert_resumed_like_unbroken(run: Run, unbroken: Run, iteration: int) -> None:
+def assert_resumed_like_unbroken(
+    run: Run, unbroken: Run, iteration: int, nproc: int = NPROC
+) -> None:
     """Every rank restarted in its own process at FAULT_STEP with the unbroken run's params."""
     assert run.returncode == 0, run.output[-8000:]
     starts = run.starts(iteration)
-    assert sorted(s["rank"] for s in starts) == list(range(NPROC)), run.output[-6000:]
+    assert sorted(s["rank"] for s in starts) == list(range(nproc)), run.output[-6000:]
     first_pids = {s["rank"]: s["pid"] for s in run.starts(0)}
     for start in starts:
         assert start["pid"] == first_pids[start["rank"]], "the rank was respawned, not restarted"
@@ -131,7 +134,7 @@ def assert_resumed_like_unbroken(run: Run, unbroken: Run, iteration: int) -> Non
         assert start["params"] == unbroken_at_fault, f"rank {start['rank']} differs"
     finals = [r["params"] for r in run.records if r["event"] == "done"]
     unbroken_finals = [r["params"] for r in unbroken.records if r["event"] == "done"]
-    assert len(finals) == NPROC
+    assert len(finals) == nproc
     assert all(f == unbroken_finals[0] for f in finals)
 
 

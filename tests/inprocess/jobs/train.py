@@ -12,6 +12,8 @@ Faults (only in the iteration given, so the restart is clean):
   --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
+
+``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ class Job:
         self.args = args
         self.out = Path(args.out) / f"rank{INITIAL_RANK}.jsonl"
         torch.manual_seed(0)
-        self.model = torch.nn.Linear(4, 3)
+        self.device = torch.device("cpu")
+        if args.backend == "nccl":
+            self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(self.device)
+        self.model = torch.nn.Linear(4, 3).to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.step = 0
         self.raises = parse_faults(args.raise_)
@@ -88,14 +94,18 @@ class Job:
         store = dist.PrefixStore(f"train/{iteration}", base)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=120)
+            self.args.backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=120),
         )
         ddp = DistributedDataParallel(self.model)
         self.record(event="start", iteration=iteration, step=self.step, params=params(self.model))
         while self.step < self.args.steps:
             self.fault(iteration)
             g = torch.Generator().manual_seed(1000 * self.step + rank)
-            x = torch.randn(8, 4, generator=g)
+            x = torch.randn(8, 4, generator=g).to(self.device)
             self.opt.zero_grad(set_to_none=True)
             ddp(x).pow(2).mean().backward()
             self.opt.step()
@@ -142,6 +152,7 @@ def main() -> int:
     parser.add_argument("--unhealthy", type=int, action="append", default=[])
     parser.add_argument("--soft", type=float, default=30.0)
     parser.add_argument("--hard", type=float, default=60.0)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
     job = Job(args)
     wrapper = inprocess.Wrapper(
