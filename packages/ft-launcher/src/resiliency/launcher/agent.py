@@ -20,6 +20,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import MonitorEvent, WorkloadAction
+from resiliency.launcher._node_handle import NodeHandle, stopped_result
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
 from resiliency.launcher.config_error import config_error_failures, stop_on_config_error
@@ -52,7 +53,6 @@ from resiliency.launcher.workload_control import (
     exclude_this_node,
     follow_shutdown,
     shutdown_workload,
-    stopped_result,
 )
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
@@ -97,7 +97,7 @@ class FtElasticAgent(CompatAgent):
         super().__init__(spec, logs_specs, **agent_kwargs)
         self._monitors = monitors
         self._settings = settings
-        self.stop_rules = stop_rules_for(self)  # the diagnosis' decisions (issue 28)
+        self.stop_rules = stop_rules_for(settings.ft_cfg)  # the diagnosis' decisions (issue 28)
         self._cycle = self._new_cycle()
         self._startup = StartupWatch(monitors, settings.ft_cfg.rank_startup_timeout)
         self._shared: SharedRoundState | None = None
@@ -190,6 +190,24 @@ class FtElasticAgent(CompatAgent):
             ", ".join(f"rank {self._cycle.ranks[lr]} pid {p}" for lr, p in sorted(pids.items())),
         )
         return pids
+
+    def request_shutdown(self) -> None:
+        """Stop this node's workers now, as the launcher's own stop (not a preemption: the
+        workers' emergency handler saves nothing), and return once they are gone.
+
+        A hung rank is left to its monitor's escalation first; the other ranks get SIGTERM,
+        then SIGKILL after ``--workers-stop-timeout``. The supervision loop goes on deciding.
+        """
+        self._stop_workers(self.worker_group)
+
+    def _node(self) -> NodeHandle:
+        """This node as the loop's helpers act on it (the current round's shared state)."""
+        return NodeHandle(self.worker_group, self._shared, self.request_shutdown)
+
+    def _end(self, outcome: Outcome) -> RunResult:
+        """Record how the job ended on this node; its workers were stopped on purpose."""
+        self.outcome = outcome
+        return stopped_result(self.worker_group)
 
     def _stop_workers(self, worker_group: WorkerGroup, is_restart: bool = False) -> None:
         # A stop of our own (restart, failure), not a preemption: no emergency save.
@@ -369,7 +387,7 @@ class FtElasticAgent(CompatAgent):
             logger.error("this node leaves the job: %s", leave.outcome.detail)
             if self._shared is not None:
                 self._shared.publish_left()
-            self._stop_workers(self.worker_group)
+            self.request_shutdown()
             return stopped_result(self.worker_group)
         finally:
             if self._health is not None:
@@ -392,16 +410,17 @@ class FtElasticAgent(CompatAgent):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
                 return result
             if result.state == WorkerState.FAILED and (bad := config_error_failures(result)):
-                return stop_on_config_error(self, bad)  # a restart would fail the same way
+                # A restart would fail the same way.
+                return self._end(stop_on_config_error(self._node(), bad))
             # The round watcher's latest state: no store operation per monitoring interval.
             shared = self._watcher.snapshot() if self._watcher is not None else None
 
             if self._cycle.shutdown is not None:
-                return shutdown_workload(self)
+                return self._end(shutdown_workload(self._node(), self._cycle.shutdown))
             if shared is not None and shared.shutdown is not None:
-                return follow_shutdown(self, shared.shutdown)
+                return self._end(follow_shutdown(self._node(), shared.shutdown))
             if self._cycle.exclude is not None:
-                return exclude_this_node(self)
+                return self._end(exclude_this_node(self._node(), self._cycle.exclude))
             if self._health is not None and (failed := self._health.failures()):
                 # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
                 raise _NodeLeaves(_unhealthy(failed))
@@ -444,11 +463,13 @@ class FtElasticAgent(CompatAgent):
                 )
                 self.restart_workers()
             elif decision is Decision.STANDBY:
-                standby_result = stand_by(self, result)
-                if standby_result is not None:
-                    return standby_result
+                if (ended := self._stand_by()) is not None:
+                    self.outcome = ended
+                    # With no restarts left the failure is torch's to report, as for GIVE_UP.
+                    exhausted = ended.exit_code == ExitCode.FAILURE
+                    return result if exhausted else stopped_result(group)
             else:  # GIVE_UP
-                self._stop_workers(group)
+                self.request_shutdown()
                 group.state = WorkerState.FAILED
                 root = self.attempt_causes[0] if self.attempt_causes else "unknown"
                 last = self.attempt_causes[-1] if self.attempt_causes else "unknown"
@@ -459,6 +480,23 @@ class FtElasticAgent(CompatAgent):
                     + (f"; last failure: {last}" if last != root else ""),
                 )
                 return result
+
+    def _stand_by(self) -> Outcome | None:
+        """Min-healthy standby; on rejoining, charge one restart and start the workers."""
+        if self._watcher is None:
+            raise RuntimeError("standby without a rendezvous round")
+        ended = stand_by(
+            self._node(),
+            self._watcher,
+            min_nodes=self._settings.min_nodes,
+            remaining_restarts=self.remaining_restarts,
+            causes=self.attempt_causes,
+        )
+        if ended is None:
+            self.remaining_restarts -= 1
+            self.restarts_done += 1
+            self.initialize_workers()
+        return ended
 
     def _cycle_summary(self) -> str:
         return self._cycle.causes[0] if self._cycle.causes else "another node failed"
@@ -476,7 +514,22 @@ class FtElasticAgent(CompatAgent):
             self._blame(self._job.judge())
         if local is LocalState.FAILED:
             self.attempt_causes.append(self._cycle_summary())
-        return diagnose_cycle(self, result, give_up)
+        group = self.worker_group
+        health = self._health.failures() if self._health is not None else []
+        diagnosed = diagnose_cycle(
+            self._node(),
+            self._cycle,
+            attempt=group.spec.max_restarts - self.remaining_restarts,
+            failures=result.failures,
+            health=tuple(f"{h.name}: {h.detail}" for h in health),
+            rules=self.stop_rules,
+            goodput=self.goodput,
+            give_up=give_up,
+        )
+        if diagnosed is None:
+            return None
+        self.diagnoses.append(diagnosed.record)
+        return self._end(diagnosed.outcome) if diagnosed.outcome is not None else None
 
     # --- exit barrier ---------------------------------------------------------------------------
     def exit_barrier(self) -> None:

@@ -12,17 +12,14 @@ configuration"), with the ranks in ``--exit-status-file``; the rank's own log sa
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from resiliency.launcher._node_handle import NodeHandle
 from resiliency.launcher.agent_settings import Outcome
 from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.workload_control import stop_the_job, stopped_result
-
-if TYPE_CHECKING:
-    from resiliency.launcher.agent import FtElasticAgent
+from resiliency.launcher.workload_control import stop_the_job
 
 __all__ = ["CONFIG_ERROR_EXIT_CODE", "config_error_failures", "stop_on_config_error"]
 
@@ -41,17 +38,15 @@ def config_error_failures(result: RunResult) -> list[tuple[int, ProcessFailure]]
     )
 
 
-def stop_on_config_error(
-    agent: FtElasticAgent, failures: list[tuple[int, ProcessFailure]]
-) -> RunResult:
+def stop_on_config_error(node: NodeHandle, failures: list[tuple[int, ProcessFailure]]) -> Outcome:
     """Stop the job on every node without a restart; the launcher exits 2 (``USAGE``).
 
     Args:
-        agent: this node's agent.
+        node: this node.
         failures: the workers that exited 78 (:func:`config_error_failures`), not empty.
 
     Returns:
-        The result for workers stopped on purpose.
+        The outcome to record (the workers are stopped).
     """
     ranks = ", ".join(f"rank {r} (local rank {f.local_rank}, pid {f.pid})" for r, f in failures)
     detail = (
@@ -59,6 +54,5 @@ def stop_on_config_error(
         "what to fix); a restart would fail the same way, so none is made"
     )
     logger.error("%s; stopping the job on every node", detail)
-    stop_the_job(agent, failures[0][0], f"configuration error: {detail}")
-    agent.outcome = Outcome(ExitCode.USAGE, "worker_config_error", detail)
-    return stopped_result(agent.worker_group)
+    stop_the_job(node, failures[0][0], f"configuration error: {detail}")
+    return Outcome(ExitCode.USAGE, "worker_config_error", detail)

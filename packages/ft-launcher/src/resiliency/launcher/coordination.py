@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.agent.server.api import RunResult
-
+from resiliency.launcher._node_handle import NodeHandle
 from resiliency.launcher.agent_settings import Outcome
 from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import (
     ACK_WAIT_SECONDS,
     RoundState,
     SharedRoundState,
     StoreWaitTimeoutError,
 )
-from resiliency.launcher.workload_control import follow_shutdown, stopped_result
-
-if TYPE_CHECKING:
-    from resiliency.launcher.agent import FtElasticAgent
+from resiliency.launcher.workload_control import follow_shutdown
 
 __all__ = ["STANDBY_WAKE_SECONDS", "exit_barrier", "failed_elsewhere", "stand_by"]
 
@@ -67,55 +63,63 @@ def exit_barrier(shared: SharedRoundState, timeout: float) -> None:
             logger.warning("exit barrier: %s", exc)
 
 
-def stand_by(agent: FtElasticAgent, result: RunResult) -> RunResult | None:
+def stand_by(
+    node: NodeHandle,
+    watcher: RoundWatcher,
+    *,
+    min_nodes: int,
+    remaining_restarts: int,
+    causes: list[str],
+) -> Outcome | None:
     """Min-healthy: step aside after a failure and wait while the healthy nodes go on.
 
+    Args:
+        node: this node (its workers are stopped first).
+        watcher: follows the round's shared state.
+        min_nodes: MIN of ``--nnodes MIN:MAX``.
+        remaining_restarts: restarts this node may still spend.
+        causes: the root cause of every failed attempt so far, oldest first.
+
     Returns:
-        The final result when the job ended while this node stood by, or None after this node
-        rejoined the group (its workers were started again).
+        How the job ended while this node stood by (its workers stopped; a ``FAILURE`` exit
+        when it had to rejoin with no restarts left), or None when it must rejoin the group:
+        the caller charges one restart and starts its workers again.
     """
-    group = agent.worker_group
-    settings = agent._settings
-    agent._stop_workers(group)
-    shared, watcher = agent._shared, agent._watcher
-    if shared is None or watcher is None:
+    node.stop()
+    shared = node.shared
+    if shared is None:
         raise RuntimeError("standby without a rendezvous round")
     shared.publish_standby()
     logger.warning(
         "min-healthy: this node's workers failed (%s); standing by while the other nodes "
         "keep at least %d healthy",
-        agent.attempt_causes[-1] if agent.attempt_causes else "unknown",
-        settings.min_nodes,
+        causes[-1] if causes else "unknown",
+        min_nodes,
     )
     state = watcher.snapshot()
     while True:
         if state.shutdown is not None:
-            return follow_shutdown(agent, state.shutdown)
+            return follow_shutdown(node, state.shutdown)
         if state.done:
             shared.ack_done()
-            agent.outcome = Outcome(
+            outcome = Outcome(
                 ExitCode.SUCCESS,
                 "finished_on_healthy_nodes",
                 "this node's workers failed; the job finished on the healthy nodes",
             )
-            logger.warning("%s", agent.outcome.detail)
-            return stopped_result(group)
-        healthy = (group.group_world_size or 1) - state.standby - state.left
-        if healthy < settings.min_nodes:
-            if agent.remaining_restarts <= 0:
-                agent.outcome = Outcome(
-                    ExitCode.FAILURE,
-                    "restarts_exhausted",
-                    f"root cause: {agent.attempt_causes[0]}; no restarts left",
+            logger.warning("%s", outcome.detail)
+            return outcome
+        healthy = node.other_nodes + 1 - state.standby - state.left
+        if healthy < min_nodes:
+            if remaining_restarts <= 0:
+                root = causes[0] if causes else "unknown"
+                return Outcome(
+                    ExitCode.FAILURE, "restarts_exhausted", f"root cause: {root}; no restarts left"
                 )
-                return result
-            agent.remaining_restarts -= 1
-            agent.restarts_done += 1
             logger.warning(
                 "min-healthy: only %d healthy node(s) left (< %d); rejoining the group",
                 healthy,
-                settings.min_nodes,
+                min_nodes,
             )
-            agent.initialize_workers()
             return None
         state = watcher.wait_for_change(state.version, STANDBY_WAKE_SECONDS)

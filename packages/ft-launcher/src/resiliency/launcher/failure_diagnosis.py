@@ -13,48 +13,66 @@ node that saw the failure decides, the others follow its shutdown as after a
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from resiliency.ft import FaultToleranceConfig
+from resiliency.launcher._node_handle import NodeHandle
 from resiliency.launcher.agent_settings import Outcome
+from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.failure_classes import FailureClass, FailureVerdict, classify
 from resiliency.launcher.failure_evidence import cycle_evidence, oom_kill_count
+from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.job_progress import highest_step
 from resiliency.launcher.stop_rules import Action, StopDecision, StopRules
-from resiliency.launcher.workload_control import stop_the_job, stopped_result
+from resiliency.launcher.workload_control import stop_the_job
 
-if TYPE_CHECKING:
-    from resiliency.launcher.agent import FtElasticAgent
-
-__all__ = ["diagnose_cycle", "stop_rules_for"]
+__all__ = ["CycleDiagnosis", "diagnose_cycle", "stop_rules_for"]
 
 logger = logging.getLogger(__name__)
 
 
-def stop_rules_for(agent: FtElasticAgent) -> StopRules:
-    """The stop rules with the agent's configuration."""
-    cfg = agent._settings.ft_cfg
+@dataclass(frozen=True)
+class CycleDiagnosis:
+    """What the diagnosis of one failed cycle found and did.
+
+    Attributes:
+        record: the verdict and decision, for ``--exit-status-file``'s ``diagnoses``.
+        outcome: how the job ended on this node when the diagnosis ended it (the workers are
+            stopped); None when the restart policy goes on as it decided.
+    """
+
+    record: dict[str, Any]
+    outcome: Outcome | None
+
+
+def stop_rules_for(cfg: FaultToleranceConfig) -> StopRules:
+    """The stop rules with the monitors' configuration."""
     return StopRules(
         0, cfg.max_no_progress_cycles, cfg.restart_storm_restarts, cfg.restart_storm_window
     )
 
 
-def _verdict(agent: FtElasticAgent, result: RunResult) -> FailureVerdict | None:
-    cycle = agent._cycle
-    group = agent.worker_group
-    node = group.group_rank or 0
+def _verdict(
+    node: int,
+    cycle: Cycle,
+    attempt: int,
+    failures: Mapping[int, ProcessFailure],
+    health: tuple[str, ...],
+) -> FailureVerdict | None:
     start, now = cycle.oom_at_start, oom_kill_count()
-    health = agent._health.failures() if agent._health is not None else []
     evidence = cycle_evidence(
         node=node,
-        attempt=group.spec.max_restarts - agent.remaining_restarts,
-        failures=result.failures,
+        attempt=attempt,
+        failures=failures,
         hangs=cycle.diagnosis.hangs,
         verdict=cycle.hang_verdict,
         oom_kills=(now - start) if start is not None and now is not None else 0,
-        health=tuple(f"{h.name}: {h.detail}" for h in health),
+        health=health,
     )
     verdict = classify(evidence)
     if verdict.cls is FailureClass.UNKNOWN:
@@ -64,42 +82,55 @@ def _verdict(agent: FtElasticAgent, result: RunResult) -> FailureVerdict | None:
     return verdict
 
 
-def diagnose_cycle(agent: FtElasticAgent, result: RunResult, give_up: bool) -> RunResult | None:
+def diagnose_cycle(
+    node: NodeHandle,
+    cycle: Cycle,
+    *,
+    attempt: int,
+    failures: Mapping[int, ProcessFailure],
+    health: tuple[str, ...],
+    rules: StopRules,
+    goodput: GoodputEvents,
+    give_up: bool,
+) -> CycleDiagnosis | None:
     """Diagnose the failed cycle that just ended on this node, record it and act on it.
 
     Args:
-        agent: this node's agent.
-        result: torch's result of the cycle (its failures).
+        node: this node (stopped, or the job stopped, when the diagnosis says so).
+        cycle: what the cycle saw (hangs, hang verdict, OOM count at its start).
+        attempt: the cycle's restart count.
+        failures: torch's failures of this node's workers, by global rank.
+        health: failed node health checks (``name: detail``).
+        rules: the stop rules (they remember earlier cycles).
+        goodput: where the ``diagnosis`` event goes.
         give_up: the restart policy already gave up (no restarts left): a restart is recorded
             as ``stop``, and the caller ends the job as before.
 
     Returns:
-        The result to return from the supervision loop when the diagnosis ended the job on
-        this node (stop, or restart without this node); None to go on as the policy decided.
+        The diagnosis, with an outcome when it ended the job on this node (stop, or restart
+        without this node); None when nothing failed here that this node should diagnose.
     """
-    verdict = _verdict(agent, result)
+    group_rank = node.group.group_rank or 0
+    verdict = _verdict(group_rank, cycle, attempt, failures, health)
     if verdict is None:
         return None
-    rules: StopRules = agent.stop_rules
-    rules.set_node(agent.worker_group.group_rank or 0)
-    decision = rules.decide(verdict, progress=highest_step(agent.goodput.directory))
+    rules.set_node(group_rank)
+    decision = rules.decide(verdict, progress=highest_step(goodput.directory))
     if give_up and decision.action is Action.RESTART:
         decision = StopDecision(Action.STOP, "max_restarts", "no restarts left (--max-restarts)")
     logger.error(
         "diagnosis: %s; decision: %s (%s)",
         *(verdict.summary(), decision.action.value, decision.reason),
     )
-    agent.diagnoses.append(
-        {
-            "cls": verdict.cls.value,
-            "culprit_ranks": list(verdict.culprit_ranks),
-            "culprit_nodes": list(verdict.culprit_nodes),
-            "cause": verdict.cause,
-            "decision": decision.action.value,
-            "rule": decision.rule,
-        }
-    )
-    agent.goodput.diagnosis(
+    record = {
+        "cls": verdict.cls.value,
+        "culprit_ranks": list(verdict.culprit_ranks),
+        "culprit_nodes": list(verdict.culprit_nodes),
+        "cause": verdict.cause,
+        "decision": decision.action.value,
+        "rule": decision.rule,
+    }
+    goodput.diagnosis(
         cls=verdict.cls.value,
         culprit_ranks=list(verdict.culprit_ranks),
         culprit_nodes=[str(n) for n in verdict.culprit_nodes],
@@ -108,20 +139,19 @@ def diagnose_cycle(agent: FtElasticAgent, result: RunResult, give_up: bool) -> R
         rule=decision.rule,
     )
     if decision.rule == "max_restarts" or decision.action is Action.RESTART:
-        return None
+        return CycleDiagnosis(record, None)
     if decision.action is Action.RESTART_WITHOUT_NODE:
         logger.error("%s; this node leaves the job, the others go on without it", decision.reason)
-        if agent._shared is not None:
-            agent._shared.publish_left()
-        agent._stop_workers(agent.worker_group)
-        agent.outcome = Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", decision.reason)
-        return stopped_result(agent.worker_group)
+        if node.shared is not None:
+            node.shared.publish_left()
+        node.stop()
+        return CycleDiagnosis(
+            record, Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", decision.reason)
+        )
     rank = verdict.culprit_ranks[0] if verdict.culprit_ranks else None
     logger.error("stopping the job on every node, no more restarts: %s", decision.reason)
-    stop_the_job(agent, rank, f"diagnosis: {decision.reason}")
+    stop_the_job(node, rank, f"diagnosis: {decision.reason}")
     if decision.rule == "config_first_attempt":
-        agent.outcome = Outcome(ExitCode.USAGE, "config_error", decision.reason)
-    else:
-        reason = f"stopped_{decision.rule}"
-        agent.outcome = Outcome(ExitCode.DIAGNOSED_STOP, reason, decision.reason)
-    return stopped_result(agent.worker_group)
+        return CycleDiagnosis(record, Outcome(ExitCode.USAGE, "config_error", decision.reason))
+    outcome = Outcome(ExitCode.DIAGNOSED_STOP, f"stopped_{decision.rule}", decision.reason)
+    return CycleDiagnosis(record, outcome)
