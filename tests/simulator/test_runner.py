@@ -16,14 +16,18 @@ from resiliency.simulator import (
     SimulatorError,
 )
 
-# Saves its one "checkpoint" after a delay, as a job that is slow to start does, then idles.
+# Saves its one "checkpoint" after a delay, as a job that is slow to start does, then ends as
+# soon as the file is torn (at most 60 s later): the run ends with the fault, not at a duration.
 LATE_SAVER = """
 import pathlib, sys, time
 time.sleep(float(sys.argv[2]))
 step = pathlib.Path(sys.argv[1]) / "step_5"
 step.mkdir()
-(step / "shard.bin").write_bytes(bytes(range(256)) * 64)
-time.sleep(60)
+shard, written = step / "shard.bin", bytes(range(256)) * 64
+shard.write_bytes(written)
+deadline = time.monotonic() + 60
+while shard.read_bytes() == written and time.monotonic() < deadline:
+    time.sleep(0.05)
 """
 
 
@@ -51,7 +55,7 @@ def _run(
 def test_a_storage_fault_due_before_the_first_save_waits_for_it(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (injection,), t0 = _run(ckpt, save_after_s=2.0, wait_s=60.0, duration_s=8.0)
+    (injection,), t0 = _run(ckpt, save_after_s=2.0, wait_s=60.0, duration_s=120.0)
     assert not injection.error, injection.error
     assert "shard.bin" in injection.action
     # Injected once the file existed, not at its planned 0 s, when there was nothing to tear.
