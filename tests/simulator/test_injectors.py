@@ -42,6 +42,23 @@ def _ticks(path: Path) -> int:
         return 0
 
 
+def _wait_until_still(path: Path, what: str, timeout: float = 30.0) -> int:
+    """Wait until the counter in ``path`` (ticked every 20 ms) holds for 0.5 s; return it.
+
+    A hook's hang takes hold when the rank next runs Python, which on a busy machine can be
+    well after the signal: a fixed pause before sampling raced with it.
+    """
+    last = _ticks(path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _ticks(path)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{what} still ticking {timeout} s after the hang was injected")
+
+
 @pytest.fixture
 def fake_job(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
@@ -114,9 +131,9 @@ def test_kill_and_stop(fake_job, tmp_path: Path) -> None:
 def test_hang_holding_the_gil_stops_every_thread(fake_job, tmp_path: Path) -> None:
     launcher = fake_job(1)
     inject_into_rank("hang", workers(launcher.pid)[0])
-    time.sleep(0.5)
-    main, thread = _ticks(tmp_path / "rank0.main"), _ticks(tmp_path / "rank0.thread")
-    time.sleep(1.0)
+    main = _wait_until_still(tmp_path / "rank0.main", "rank 0's main thread")
+    thread = _ticks(tmp_path / "rank0.thread")
+    time.sleep(1.0)  # the window in which neither thread may tick
     assert _ticks(tmp_path / "rank0.main") == main
     assert _ticks(tmp_path / "rank0.thread") == thread
 
@@ -124,9 +141,9 @@ def test_hang_holding_the_gil_stops_every_thread(fake_job, tmp_path: Path) -> No
 def test_hang_releasing_the_gil_leaves_background_threads_running(fake_job, tmp_path) -> None:
     launcher = fake_job(1)
     inject_into_rank("hang_nogil", workers(launcher.pid)[0])
-    time.sleep(0.5)
-    main, thread = _ticks(tmp_path / "rank0.main"), _ticks(tmp_path / "rank0.thread")
-    time.sleep(1.0)
+    main = _wait_until_still(tmp_path / "rank0.main", "rank 0's main thread")
+    thread = _ticks(tmp_path / "rank0.thread")
+    time.sleep(1.0)  # the window in which only the background thread ticks
     assert _ticks(tmp_path / "rank0.main") == main
     assert _ticks(tmp_path / "rank0.thread") > thread + 5
 
