@@ -43,7 +43,7 @@ def test_an_exception_aborts_the_nccl_group_and_training_resumes_in_process(
     nccl: Torchrun, nccl_unbroken: Run
 ) -> None:
     last = GPUS - 1
-    run = nccl.run("--backend", "nccl", "--raise", f"{last}@{FAULT_STEP}")
+    run = nccl.run("--backend", "nccl", "--log-info", "--raise", f"{last}@{FAULT_STEP}")
     assert_resumed_like_unbroken(run, nccl_unbroken, iteration=1, nproc=GPUS)
     assert "aborted process groups (nccl)" in run.output, run.output[-6000:]
     assert "NCCL abort failed" not in run.output

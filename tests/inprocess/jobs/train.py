@@ -13,6 +13,14 @@ Faults (only in the iteration given, so the restart is clean):
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
 
+Healing (``--heal``): a ``Healer`` holds the model and the optimizer; every iteration heals
+before DDP is built and records a ``heal`` line, and the optimizer step is ``Healer.updating``.
+  --momentum M            SGD momentum (the optimizer then has state to heal)
+  --raise-mid-update R@N  rank R updates its weight alone inside the optimizer step of step N,
+                          then raises: its state is half-updated
+  --forget R              at iteration 1, rank R re-initialises its model and optimizer as a
+                          new process would (its state is missing)
+
 ``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
@@ -21,10 +29,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,8 +71,14 @@ class Job:
             self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
             torch.cuda.set_device(self.device)
         self.model = torch.nn.Linear(4, 3).to(self.device)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=args.momentum)
         self.step = 0
+        self.healer = (
+            inprocess.Healer({"model": self.model, "optimizer": self.opt}, per_rank=self.per_rank)
+            if args.heal
+            else None
+        )
+        self.mid_update = parse_faults(args.raise_mid_update)
         self.raises = parse_faults(args.raise_)
         self.hangs = parse_faults(args.hang)
         self.masked = parse_faults(args.hang_masked)
@@ -82,6 +98,26 @@ class Job:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
             ctypes.CDLL(None).sleep(600)
 
+    def per_rank(self, result: inprocess.HealResult) -> None:
+        # the per-rank values (the data) derive from the step in this job: nothing to restore
+        self.record(event="per_rank", step=result.step)
+
+    def forget(self) -> None:
+        """Lose the state, as a new process would: other weights, no optimizer state."""
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.uniform_(-5, 5)
+        self.opt.state.clear()
+        assert self.healer is not None
+        self.healer.invalidate()
+
+    def update(self, iteration: int) -> None:
+        if iteration == 0 and self.mid_update.get(INITIAL_RANK) == self.step:
+            with torch.no_grad():
+                self.model.weight.add_(self.model.weight.grad, alpha=-0.1)
+            raise RuntimeError(f"injected fault on rank {INITIAL_RANK} inside step {self.step}")
+        self.opt.step()
+
     def train(self, call_wrapper: inprocess.CallWrapper | None = None) -> list[float]:
         assert call_wrapper is not None
         iteration = call_wrapper.iteration
@@ -100,6 +136,12 @@ class Job:
             world_size=world,
             timeout=timedelta(seconds=120),
         )
+        if self.healer is not None:
+            if iteration == 1 and INITIAL_RANK in self.args.forget:
+                self.forget()
+            result = self.healer.heal(call_wrapper=call_wrapper)
+            self.step = result.step
+            self.record(event="heal", iteration=iteration, **asdict(result))
         ddp = DistributedDataParallel(self.model)
         self.record(event="start", iteration=iteration, step=self.step, params=params(self.model))
         while self.step < self.args.steps:
@@ -108,7 +150,11 @@ class Job:
             x = torch.randn(8, 4, generator=g).to(self.device)
             self.opt.zero_grad(set_to_none=True)
             ddp(x).pow(2).mean().backward()
-            self.opt.step()
+            if self.healer is not None:
+                with self.healer.updating(self.step + 1):
+                    self.update(iteration)
+            else:
+                self.opt.step()
             self.step += 1
             # rank 0's steps in the goodput ledger (a no-op without RESILIENCY_GOODPUT_DIR)
             get_recorder().step(self.step)
@@ -150,10 +196,17 @@ def main() -> int:
     parser.add_argument("--hang-masked", action="append", default=[])
     parser.add_argument("--init-raise", action="append", default=[])
     parser.add_argument("--unhealthy", type=int, action="append", default=[])
+    parser.add_argument("--heal", action="store_true")
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--raise-mid-update", action="append", default=[])
+    parser.add_argument("--forget", type=int, action="append", default=[])
     parser.add_argument("--soft", type=float, default=30.0)
     parser.add_argument("--hard", type=float, default=60.0)
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     args = parser.parse_args()
+    if args.log_info:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     job = Job(args)
     wrapper = inprocess.Wrapper(
         initialize=InitRaise(parse_faults(args.init_raise)),
