@@ -52,7 +52,17 @@ def test_an_exception_aborts_the_nccl_group_and_training_resumes_in_process(
 def test_a_gil_released_hang_aborts_the_nccl_group_and_training_resumes(
     nccl: Torchrun, nccl_unbroken: Run
 ) -> None:
-    run = nccl.run("--backend", "nccl", "--hang", f"0@{FAULT_STEP}", "--soft", "4", "--hard", "40")
+    run = nccl.run(
+        "--backend",
+        "nccl",
+        "--log-info",
+        "--hang",
+        f"0@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "40",
+    )
     assert_resumed_like_unbroken(run, nccl_unbroken, iteration=1, nproc=GPUS)
     assert "soft_timeout 4 s" in run.output
     assert "aborted process groups (nccl)" in run.output, run.output[-6000:]
