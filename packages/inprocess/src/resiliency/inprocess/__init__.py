@@ -14,12 +14,16 @@ from resiliency.inprocess import (
     state,
 )
 from resiliency.inprocess.compose import Compose
-from resiliency.inprocess.exception import InternalError, RestartError
+from resiliency.inprocess.exception import HealError, InternalError, RestartError
+from resiliency.inprocess.heal import Healer, HealResult
 from resiliency.inprocess.wrap import CallWrapper, Wrapper
 
 __all__ = [
     "CallWrapper",
     "Compose",
+    "HealError",
+    "HealResult",
+    "Healer",
     "InternalError",
     "RestartError",
     "Wrapper",

@@ -34,3 +34,9 @@ class RestartAbort(BaseException):
 
 class RankShouldRestart(BaseException):
     """Raised in the main thread when a fault elsewhere asks this rank to restart."""
+
+
+class HealError(RestartError):
+    """A rank's state could not be healed from its peers: no consistent source, every copy
+    failed verification, or the state cannot be sent. Like every ``RestartError`` raised in the
+    wrapped function it stops the job (restarting would meet the same state again)."""
