@@ -47,6 +47,7 @@ from resiliency.launcher.preemption import (
 from resiliency.launcher.round_watch import RoundWatcher
 from resiliency.launcher.shared_state import SharedRoundState
 from resiliency.launcher.startup_watch import StartupWatch
+from resiliency.launcher.supervision import NodeView, Supervision, SupervisorRequest
 from resiliency.launcher.verdict import HangVerdict
 from resiliency.launcher.worker_groups import WorkerProcessGroups
 from resiliency.launcher.workload_control import (
@@ -112,7 +113,7 @@ class FtElasticAgent(CompatAgent):
         self.diagnoses: list[dict[str, Any]] = []  # every failure's verdict and decision
         self.attempt_causes: list[str] = []
         self._health: HealthWatch | None = None
-        self.supervision: Any = None  # resiliency.launcher.supervision.Supervision, when opted in
+        self.supervision: Supervision | None = None  # --supervisor / --status-port
         self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
 
     def _new_cycle(self) -> Cycle:
@@ -401,8 +402,8 @@ class FtElasticAgent(CompatAgent):
         while True:
             time.sleep(spec.monitor_interval)
             result = self._monitor_workers(group)
-            if self.supervision is not None:  # --supervisor: act on the controller's intents
-                result = self.supervision.act(self, result)
+            if self.supervision is not None and (asked := self.supervision.take_request()):
+                result = self._follow_supervisor(asked, result)  # the controller's intent
             group.state = result.state
             if result.state == WorkerState.FAILED and (
                 preempted := is_preempted(self._settings.preemption, self)
@@ -497,6 +498,32 @@ class FtElasticAgent(CompatAgent):
             self.restarts_done += 1
             self.initialize_workers()
         return ended
+
+    def _follow_supervisor(self, request: SupervisorRequest, result: RunResult) -> RunResult:
+        """Carry out an intent of the job's supervisor (``--supervisor``)."""
+        if request.action == "exclude":
+            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", request.detail))
+        if request.action == "shutdown":
+            self._cycle.shutdown = MonitorEvent(
+                kind="wlc", action="ShutdownWorkload", desc=request.detail
+            )
+            return result
+        logger.warning(
+            "%s: restarting the workers (a new rendezvous round, not charged)", request.detail
+        )
+        self.restart_workers()
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def node_view(self) -> NodeView:
+        """What this node's supervision sensor publishes (read on the sensor's thread)."""
+        return NodeView(
+            outcome_reason=self.outcome.reason if self.outcome is not None else None,
+            worker_state=self.worker_group.state,
+            group_rank=self.worker_group.group_rank,
+            ranks=dict(self._cycle.ranks),
+            attempt_causes=list(self.attempt_causes),
+            restarts=self.restarts_done,
+        )
 
     def _cycle_summary(self) -> str:
         return self._cycle.causes[0] if self._cycle.causes else "another node failed"

@@ -169,8 +169,9 @@ def launch(
         agent.goodput = goodput
         handler.keep_open = agent.leaves_rendezvous_open
         built.append(agent)
-        if (started := start_supervision(args, agent, monitors)) is not None:
-            supervision.append(started)  # --supervisor / --status-port
+        if (started := start_supervision(args, agent.node_view, monitors)) is not None:
+            agent.supervision = started  # --supervisor / --status-port: the loop takes its intents
+            supervision.append(started)
         logger.info(
             "ft-launcher: %d worker(s) on this node, nnodes %d:%d, rendezvous %s at %s, "
             "restart policy %s, max restarts %d, monitor sockets in %s",

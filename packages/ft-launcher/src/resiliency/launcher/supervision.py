@@ -19,20 +19,22 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.api import WorkerState
 
 from resiliency.ft import MonitorEvent
 from resiliency.launcher.errors import LauncherConfigError
-from resiliency.launcher.exit_codes import ExitCode
 
 if TYPE_CHECKING:
-    from resiliency.launcher.agent import FtElasticAgent
     from resiliency.launcher.monitors import MonitorSet
 
 __all__ = [
+    "NodeView",
     "Supervision",
+    "SupervisorRequest",
     "add_supervision_arguments",
     "check_supervision_args",
     "start_supervision",
@@ -131,19 +133,56 @@ def normalize_cause(text: str) -> str:
     return re.sub(r"\d+", "N", text)[:80]
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """What the agent shows the sensor (read on the sensor thread).
+
+    Attributes:
+        outcome_reason: how the job ended on this node (``Outcome.reason``), None while it runs.
+        worker_state: torch's state of the worker group.
+        group_rank: this node's group rank in the current round.
+        ranks: local rank -> global rank of the current workers.
+        attempt_causes: the root cause of every failed attempt, oldest first.
+        restarts: restarts done so far.
+    """
+
+    outcome_reason: str | None
+    worker_state: WorkerState
+    group_rank: int | None
+    ranks: dict[int, int]
+    attempt_causes: list[str]
+    restarts: int
+
+
+@dataclass(frozen=True)
+class SupervisorRequest:
+    """An intent of the controller for this node, for the agent's loop to carry out.
+
+    Attributes:
+        action: ``exclude`` (leave the job, exit 4), ``shutdown`` (stop the job, exit 3) or
+            ``restart`` (restart the workers in a new round, not charged to ``--max-restarts``).
+        detail: who asked and why (``supervisor (POLICY): REASON``), for the logs and outcome.
+    """
+
+    action: str
+    detail: str
+
+
 class Supervision:
-    """The launcher side of the supervisor: a sensor over the agent, and the intents it acts on.
+    """The launcher side of the supervisor: a sensor over this node, and the intents it takes.
 
     Args:
         args: the parsed flags.
-        agent: this node's agent.
+        view: returns what the agent shows of this node now (called on the sensor thread).
         monitors: this node's rank monitors.
     """
 
-    def __init__(self, args: argparse.Namespace, agent: FtElasticAgent, monitors: MonitorSet):
+    def __init__(
+        self, args: argparse.Namespace, view: Callable[[], NodeView], monitors: MonitorSet
+    ) -> None:
         from resiliency.supervisor import NodeSensor, backend_from_url  # noqa: PLC0415
 
-        self._agent = agent
+        self._view = view
         self._monitors = monitors
         self._lock = threading.Lock()
         self._intent: Any = None
@@ -168,11 +207,10 @@ class Supervision:
             with self._lock:
                 self.hangs[event.timer] = self.hangs.get(event.timer, 0) + 1
 
-    def _state(self) -> str:
-        agent = self._agent
-        if agent.outcome is not None:
-            return "excluded" if agent.outcome.reason in _EXCLUDED_REASONS else "stopped"
-        state = agent.worker_group.state
+    def _state(self, view: NodeView) -> str:
+        if view.outcome_reason is not None:
+            return "excluded" if view.outcome_reason in _EXCLUDED_REASONS else "stopped"
+        state = view.worker_state
         if state == WorkerState.HEALTHY:
             self._ran = True
             return "running"
@@ -184,23 +222,23 @@ class Supervision:
         """What this launcher knows, as fields of a ``NodeStatus``."""
         from resiliency.supervisor import RankStatus  # noqa: PLC0415
 
-        agent = self._agent
-        state = self._state()
+        view = self._view()
+        state = self._state(view)
         ranks = {}
         if state in ("running", "restarting"):
             watch = self._monitors.watch_status()
-            for local_rank, rank in sorted(agent._cycle.ranks.items()):
+            for local_rank, rank in sorted(view.ranks.items()):
                 hb_age, section = watch.get(local_rank, (None, None))
                 ranks[rank] = RankStatus(hb_age=hb_age, section=section)
-        causes = list(agent.attempt_causes)[-_MAX_FAILURES:]
-        first = len(agent.attempt_causes) - len(causes)
+        causes = view.attempt_causes[-_MAX_FAILURES:]
+        first = len(view.attempt_causes) - len(causes)
         with self._lock:
             hangs = dict(self.hangs)
         return {
             "state": state,
-            "group_rank": agent.worker_group.group_rank if state == "running" else None,
+            "group_rank": view.group_rank if state == "running" else None,
             "ranks": ranks,
-            "restarts": agent.restarts_done,
+            "restarts": view.restarts,
             "hangs": hangs,
             "failures": [
                 {"attempt": first + i, "cause": normalize_cause(c)} for i, c in enumerate(causes)
@@ -216,23 +254,14 @@ class Supervision:
         with self._lock:
             self._intent = intent
 
-    def act(self, agent: FtElasticAgent, result: RunResult) -> RunResult:
-        """Called by the agent's loop after each look at the workers: act on a new intent."""
+    def take_request(self) -> SupervisorRequest | None:
+        """The controller's newest intent not yet taken (the agent's loop carries it out)."""
         with self._lock:
             intent, self._intent = self._intent, None
         if intent is None:
-            return result
-        detail = f"supervisor ({intent.policy}): {intent.reason}"
-        if intent.action == "exclude":
-            from resiliency.launcher.agent import Outcome, _NodeLeaves  # noqa: PLC0415
-
-            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", detail))
-        if intent.action == "shutdown":
-            agent._cycle.shutdown = MonitorEvent(kind="wlc", action="ShutdownWorkload", desc=detail)
-            return result
-        logger.warning("%s: restarting the workers (a new rendezvous round, not charged)", detail)
-        agent.restart_workers()
-        return RunResult(state=WorkerState.HEALTHY)
+            return None
+        action = intent.action if intent.action in ("exclude", "shutdown") else "restart"
+        return SupervisorRequest(action, f"supervisor ({intent.policy}): {intent.reason}")
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -263,12 +292,17 @@ class Supervision:
 
 
 def start_supervision(
-    args: argparse.Namespace, agent: FtElasticAgent, monitors: MonitorSet
+    args: argparse.Namespace, view: Callable[[], NodeView], monitors: MonitorSet
 ) -> Supervision | None:
-    """Start supervision when ``--supervisor`` or ``--status-port`` is given; else None."""
+    """Start supervision when ``--supervisor`` or ``--status-port`` is given; else None.
+
+    Args:
+        args: the parsed flags.
+        view: returns what the agent shows of this node now.
+        monitors: this node's rank monitors.
+    """
     if getattr(args, "supervisor", None) is None and getattr(args, "status_port", None) is None:
         return None
-    supervision = Supervision(args, agent, monitors)
+    supervision = Supervision(args, view, monitors)
     supervision.start()
-    agent.supervision = supervision
     return supervision
