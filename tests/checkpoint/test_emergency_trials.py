@@ -1,7 +1,9 @@
-"""Seeded trials: SIGTERM to one random rank of a 2-rank gloo job at a random time.
+"""Trials: SIGTERM to one rank of a 2-rank gloo job at a seeded random time.
 
-The job saves through ``CheckpointManager`` (every third trial also has asynchronous periodic
-saves in flight when the signal lands); one test uses a slow blocking save callable instead.
+One trial per combination of the victim (rank 0 or 1), the agreement's lead and check interval
+((2, 1) or (4, 3)) and asynchronous periodic saves in flight or not: 8 trials, each with its
+own seeded delay. (It was 14 trials drawn from seeds, which covered 7 of the 8 combinations.) The
+job saves through ``CheckpointManager``; one test uses a slow blocking save callable instead.
 
 Every trial checks: both ranks save the same step (``noticed + lead``), exit as preempted (75)
 with their exit info, nothing hangs, and the next job resumes from exactly that step.
@@ -9,6 +11,7 @@ with their exit info, nothing hangs, and the next job resumes from exactly that 
 
 from __future__ import annotations
 
+import itertools
 import random
 import signal
 import time
@@ -29,7 +32,8 @@ from resiliency.checkpoint._emergency.checkpoint import EXIT_INFO_DIR_ENV, PREEM
 
 pytestmark = pytest.mark.slow
 
-TRIALS = 14
+# (victim, lead, check_every, periodic saves): every combination once.
+TRIALS = list(itertools.product((0, 1), ((2, 1), (4, 3)), (False, True)))
 
 
 def _env(exit_dir: Path) -> dict[str, str]:
@@ -64,14 +68,18 @@ def _assert_resumes_from(tmp_path: Path, step: int, *args: str) -> None:
     assert resumed_step(log) == step, log[-4000:]
 
 
-@pytest.mark.parametrize("seed", range(TRIALS))
-def test_sigterm_to_one_random_rank(tmp_path: Path, seed: int) -> None:
-    rng = random.Random(seed)
-    victim = rng.randrange(2)
-    delay = rng.uniform(0.0, 1.5)
-    lead, check_every = (2, 1) if seed % 2 == 0 else (4, 3)
+@pytest.mark.parametrize(
+    ("seed", "victim", "agreement", "with_periodic"),
+    [(seed, *trial) for seed, trial in enumerate(TRIALS)],
+    ids=[f"rank{v}-lead{a[0]}-every{a[1]}-{'periodic' if p else 'idle'}" for v, a, p in TRIALS],
+)
+def test_sigterm_to_one_rank(
+    tmp_path: Path, seed: int, victim: int, agreement: tuple[int, int], with_periodic: bool
+) -> None:
+    delay = random.Random(seed).uniform(0.0, 1.5)
+    lead, check_every = agreement
     exit_dir = tmp_path / "exit"
-    periodic = ["--periodic-every", "5"] if seed % 3 == 0 else []  # async saves in flight
+    periodic = ["--periodic-every", "5"] if with_periodic else []  # async saves in flight
     job = Job(
         tmp_path,
         ["--lead", str(lead), "--check-every", str(check_every), *periodic],
