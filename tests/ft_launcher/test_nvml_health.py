@@ -1,6 +1,6 @@
 """The NVML GPU health check against a fake ``pynvml``: healthy, ECC errors, XIDs, no driver.
 
-The fake (fake_nvml/pynvml.py) keeps real NVML's rules that matter here: calls need an open
+The fake (tests/fake_nvml/pynvml.py) keeps real NVML's rules that matter here: calls need an open
 ``nvmlInit`` reference, and an event set only receives XIDs raised while it is registered.
 """
 
@@ -20,13 +20,13 @@ from launcher_harness import WORKER
 
 from resiliency.launcher.health import CRITICAL_XIDS, NvmlGpuHealthCheck
 
-FAKE_DIR = Path(__file__).parent / "fake_nvml"
+FAKE_DIR = Path(__file__).parents[1] / "fake_nvml"  # the one fake pynvml of the tests
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """A fresh fake ``pynvml`` with two healthy GPUs, imported by the check as ``pynvml``."""
-    monkeypatch.delenv("FAKE_PYNVML_STATE", raising=False)
+    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
     spec = importlib.util.spec_from_file_location("pynvml", FAKE_DIR / "pynvml.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -118,7 +118,7 @@ def test_launcher_with_an_unhealthy_gpu_keeps_the_node_out(
     state_file = tmp_path / "nvml.json"
     state_file.write_text(json.dumps(state))
     pythonpath = os.pathsep.join(p for p in (str(FAKE_DIR), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": pythonpath, "FAKE_PYNVML_STATE": str(state_file)}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "FAKE_NVML_STATE": str(state_file)}
     proc = subprocess.run(
         [
             sys.executable,

@@ -32,7 +32,7 @@ INTERFACES = {
         "resiliency.straggler",
     ),
     "straggler-cupti/src/resiliency/straggler_cupti": ("resiliency.straggler",),
-    "supervisor/src/resiliency/supervisor": ("resiliency.goodput",),
+    "supervisor/src/resiliency/supervisor": ("resiliency.ft", "resiliency.goodput"),
 }
 ALL_MODULES = (
     "resiliency.checkpoint",

@@ -137,7 +137,7 @@ def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Put the fake ``pynvml`` on sys.path; its state file is returned (JSON, see the module)."""
     state = tmp_path / "nvml.json"
     state.write_text('{"count": 1}')
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_nvml"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "fake_nvml"))
     monkeypatch.setenv("FAKE_NVML_STATE", str(state))
     sys.modules.pop("pynvml", None)
     yield state

@@ -23,7 +23,7 @@ from launcher_harness import FAST_FT_FLAGS, REPO, Launcher, free_port, kill_left
 from resiliency.supervisor.cli import main as supervisor_main
 
 TRAIN = Path(__file__).parent / "workers" / "train.py"
-FAKE_NVML = Path(__file__).parent / "fake_nvml"
+FAKE_NVML = Path(__file__).parents[1] / "fake_nvml"  # the one fake pynvml of the tests
 INTERVAL = 0.5  # sensor and controller interval in these tests
 
 POLICY = """\

@@ -19,7 +19,7 @@ from resiliency.supervisor import (
     keys_for,
 )
 
-FAKE_NVML = Path(__file__).parent / "fake_nvml"
+FAKE_NVML = Path(__file__).parents[1] / "fake_nvml"  # the one fake pynvml of the tests
 
 
 def test_host_daemon_gpu_fault_excludes_the_node_of_that_host(backend_url: str, tmp_path: Path):

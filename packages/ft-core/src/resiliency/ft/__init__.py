@@ -22,6 +22,7 @@ from resiliency.ft.fault_hook import (
     SimulatedCrash,
     install_fault_hook,
 )
+from resiliency.ft.gpu_probe import CRITICAL_XIDS, GpuHealth, GpuProbe, XidEvent
 from resiliency.ft.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from resiliency.ft.socket_dir import create_socket_dir, socket_path_for, stack_dump_path_for
 from resiliency.ft.state import (
@@ -39,6 +40,7 @@ from resiliency.ft.timeouts import (
 from resiliency.ft.workload import WorkloadAction, WorkloadControlRequest
 
 __all__ = [
+    "CRITICAL_XIDS",
     "FAULT_HOOK_ENV",
     "FAULT_HOOK_SIGNALS",
     "IPC_SOCKET_ENV",
@@ -49,6 +51,8 @@ __all__ = [
     "ConfigNotFoundError",
     "FaultToleranceConfig",
     "FaultToleranceError",
+    "GpuHealth",
+    "GpuProbe",
     "HeartbeatTimeouts",
     "MonitorEvent",
     "MonitorProcess",
@@ -65,6 +69,7 @@ __all__ = [
     "StateDictError",
     "WorkloadAction",
     "WorkloadControlRequest",
+    "XidEvent",
     "add_ft_arguments",
     "calculate_heartbeat_timeouts",
     "calculate_section_timeouts",

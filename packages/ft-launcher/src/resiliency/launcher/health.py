@@ -2,9 +2,9 @@
 
 Three kinds: a shell-free command (healthy when it exits 0), a Python callable named
 ``module:attribute`` (healthy when it returns True / ``(True, detail)``, unhealthy when it returns
-False or raises), and a built-in GPU check through NVML (``nvidia-ml-py``: uncorrectable ECC
-errors, critical XIDs, retired pages, row remapping) that reports itself *skipped* when the
-binding or the driver is missing.
+False or raises), and a built-in GPU check through NVML (``nvidia-ml-py``, read by ft-core's
+GPU probe: uncorrectable ECC errors, critical XIDs, retired pages, row remapping) that reports
+itself *skipped* when the binding or the driver is missing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from resiliency.ft import CRITICAL_XIDS, GpuHealth, GpuProbe
 from resiliency.launcher.errors import HealthCheckError
 
 __all__ = [
@@ -182,14 +183,7 @@ class CallableHealthCheck:
         return HealthResult(self.name, healthy, detail, seconds=seconds)
 
 
-#: XIDs after which a GPU (its memory, its row remapper, its NVLink or its bus link) cannot be
-#: trusted until it is reset: double-bit ECC (48), row-remap failure (63, 64), NVLink (74), fell
-#: off the bus (79), high single-bit ECC rate (92), contained / uncontained ECC (94, 95), GSP
-#: errors (119, 120). Other XIDs (13, 31, 43: a fault of the application, not of the GPU) are
-#: logged and leave the node healthy, since a job bug must not take every node out of the job.
-CRITICAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
-
-# Events drained from one GPU's set per run; bounds a run during an XID storm.
+# Events drained from one GPU per run; bounds a run during an XID storm.
 _MAX_EVENTS_PER_RUN = 64
 
 
@@ -199,12 +193,10 @@ class NvmlGpuHealthCheck:
     A GPU is unhealthy when NVML cannot open it, when it has uncorrectable ECC errors since the
     driver loaded (the volatile counter), pending retired pages or a failed row remapping, or
     when it raised a critical XID (``critical_xids``). Queries a GPU does not support are
-    ignored.
-
-    NVML delivers an XID only to event sets registered when it happens, so the first run
-    registers one event set per GPU and keeps it (and an NVML reference) open; every run then
-    drains what arrived since. A critical XID is remembered: the GPU stays unhealthy for the
-    life of this check (the launcher's), because it needs a reset before it can be trusted.
+    ignored. NVML is read through ft-core's :class:`~resiliency.ft.GpuProbe`, opened at the
+    first run and kept open until :meth:`close`, so that every run sees the XIDs raised since
+    the one before. A critical XID is remembered: the GPU stays unhealthy for the life of this
+    check (the launcher's), because it needs a reset before it can be trusted.
 
     Args:
         critical_xids: the XIDs that make a GPU unhealthy.
@@ -216,145 +208,70 @@ class NvmlGpuHealthCheck:
     def __init__(self, critical_xids: frozenset[int] = CRITICAL_XIDS, xid_wait_ms: int = 0) -> None:
         self.critical_xids = frozenset(critical_xids)
         self.xid_wait_ms = int(xid_wait_ms)
+        self._probe = GpuProbe()
         # The launcher runs a check from its health-watch thread and before a rejoin.
         self._xid_lock = threading.Lock()
-        self._nvml: Any = None
-        self._event_sets: dict[int, Any] = {}
         self._xids: dict[int, set[int]] = {}
 
     def __call__(self) -> HealthResult:
         """Run the check once."""
         start = time.monotonic()
-        try:
-            import pynvml  # type: ignore[import-not-found, import-untyped, unused-ignore]  # noqa: PLC0415
-        except ImportError:
-            return HealthResult(
-                self.name,
-                True,
-                "skipped: nvidia-ml-py is not installed (the 'gpu' extra: pip install "
-                "nvidia-ml-py)",
-                skipped=True,
-            )
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            return HealthResult(self.name, True, f"skipped: no NVIDIA driver ({exc})", skipped=True)
-        try:
-            problems, count = self._inspect(pynvml)
-            problems.extend(self._xid_problems(pynvml, count))
-        except pynvml.NVMLError as exc:
-            # The driver answered nvmlInit but not a node-wide query: not a node to train on.
-            problems, count = [f"NVML query failed ({exc})"], 0
-        finally:
-            try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError as exc:
-                logger.warning("nvmlShutdown failed: %s", exc)
+        probe = self._probe
+        if not probe.open():
+            if probe.state == "failed":
+                # The driver answered nvmlInit but not a node-wide query: not a node to train on.
+                return HealthResult(self.name, False, probe.note or "NVML query failed")
+            return HealthResult(self.name, True, f"skipped: {probe.note}", skipped=True)
+        problems = [
+            problem
+            for problem in (_problem(probe.health(index)) for index in range(probe.count))
+            if problem
+        ]
+        problems.extend(self._xid_problems())
         seconds = time.monotonic() - start
         if problems:
             return HealthResult(self.name, False, "; ".join(problems), seconds=seconds)
-        return HealthResult(self.name, True, f"{count} GPU(s) healthy", seconds=seconds)
+        return HealthResult(self.name, True, f"{probe.count} GPU(s) healthy", seconds=seconds)
 
     def close(self) -> None:
-        """Free the XID event sets and release this check's NVML reference."""
-        with self._xid_lock:
-            nvml, self._nvml = self._nvml, None
-            if nvml is None:
-                return
-            for event_set in self._event_sets.values():
-                try:
-                    nvml.nvmlEventSetFree(event_set)
-                except nvml.NVMLError as exc:
-                    logger.debug("nvmlEventSetFree failed: %s", exc)
-            self._event_sets.clear()
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError as exc:
-                logger.debug("nvmlShutdown failed: %s", exc)
+        """Release NVML (the XID event sets and the probe's reference)."""
+        self._probe.close()
 
-    @staticmethod
-    def _inspect(pynvml: Any) -> tuple[list[str], int]:
-        problems: list[str] = []
-        count = int(pynvml.nvmlDeviceGetCount())
-        for index in range(count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                pynvml.nvmlDeviceGetMemoryInfo(handle)
-            except pynvml.NVMLError as exc:
-                problems.append(f"GPU {index}: not accessible ({exc})")
-                continue
-            try:
-                ecc = int(
-                    pynvml.nvmlDeviceGetTotalEccErrors(
-                        handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
-                    )
-                )
-                if ecc > 0:
-                    problems.append(
-                        f"GPU {index}: {ecc} uncorrectable ECC error(s) since the driver loaded"
-                    )
-            except pynvml.NVMLError as exc:
-                logger.debug("GPU %d: ECC query not supported: %s", index, exc)
-            try:
-                if pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle):
-                    problems.append(f"GPU {index}: retired pages pending (reset the GPU)")
-            except pynvml.NVMLError as exc:
-                logger.debug("GPU %d: retired-pages query not supported: %s", index, exc)
-            try:
-                remap = pynvml.nvmlDeviceGetRemappedRows(handle)
-                if len(remap) >= 4 and remap[3]:
-                    problems.append(f"GPU {index}: row remapping failed")
-            except pynvml.NVMLError as exc:
-                logger.debug("GPU %d: remapped-rows query not supported: %s", index, exc)
-        return problems, count
-
-    def _xid_problems(self, pynvml: Any, count: int) -> list[str]:
-        """Drain the XID events of every GPU; one problem per GPU with a critical XID so far."""
+    def _xid_problems(self) -> list[str]:
+        """Take the new XID events; one problem per GPU with a critical XID so far."""
         with self._xid_lock:
-            if self._nvml is None:
-                self._watch_xids(pynvml, count)
-            for index, event_set in self._event_sets.items():
-                for _ in range(_MAX_EVENTS_PER_RUN):
-                    try:
-                        event = pynvml.nvmlEventSetWait(event_set, self.xid_wait_ms)
-                    except pynvml.NVMLError:  # a timeout: no event pending
-                        break
-                    xid = int(event.eventData)
-                    if xid in self.critical_xids:
-                        logger.error("GPU %d raised critical XID %d", index, xid)
-                        self._xids.setdefault(index, set()).add(xid)
-                    else:
-                        logger.warning(
-                            "GPU %d raised XID %d (not a critical XID; the node stays healthy)",
-                            index,
-                            xid,
-                        )
+            for event in self._probe.drain_xids(self.xid_wait_ms, _MAX_EVENTS_PER_RUN):
+                if event.xid in self.critical_xids:
+                    logger.error("GPU %d raised critical XID %d", event.index, event.xid)
+                    self._xids.setdefault(event.index, set()).add(event.xid)
+                else:
+                    logger.warning(
+                        "GPU %d raised XID %d (not a critical XID; the node stays healthy)",
+                        event.index,
+                        event.xid,
+                    )
             return [
                 f"GPU {index}: critical XID {', '.join(str(x) for x in sorted(xids))} "
                 "(reset the GPU)"
                 for index, xids in sorted(self._xids.items())
             ]
 
-    def _watch_xids(self, pynvml: Any, count: int) -> None:
-        """Register one event set per GPU, holding an NVML reference for as long as they live."""
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        for index in range(count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                event_set = pynvml.nvmlEventSetCreate()
-            except pynvml.NVMLError as exc:
-                logger.debug("GPU %d: no XID event set: %s", index, exc)
-                continue
-            try:
-                pynvml.nvmlDeviceRegisterEvents(
-                    handle, pynvml.nvmlEventTypeXidCriticalError, event_set
-                )
-            except pynvml.NVMLError as exc:
-                logger.debug("GPU %d: XID events not supported: %s", index, exc)
-                pynvml.nvmlEventSetFree(event_set)
-                continue
-            self._event_sets[index] = event_set
+
+def _problem(health: GpuHealth) -> str | None:
+    """What is wrong with one GPU, in one clause (None when nothing is)."""
+    where = f"GPU {health.index}"
+    if health.error is not None:
+        return f"{where}: {health.error}"
+    found = []
+    if health.ecc_uncorrectable > 0:
+        found.append(
+            f"{health.ecc_uncorrectable} uncorrectable ECC error(s) since the driver loaded"
+        )
+    if health.retired_pages_pending:
+        found.append("retired pages pending (reset the GPU)")
+    if health.row_remap_failed:
+        found.append("row remapping failed")
+    return "; ".join(f"{where}: {f}" for f in found) or None
 
 
 def run_health_checks(checks: Sequence[HealthCheck]) -> list[HealthResult]:

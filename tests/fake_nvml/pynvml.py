@@ -1,14 +1,23 @@
-"""A fake ``pynvml`` (nvidia-ml-py) for the launcher's GPU health check on machines without a GPU.
+"""The one fake ``pynvml`` (nvidia-ml-py) of the tests, for machines without a GPU.
 
-It keeps the rules of real NVML that the check depends on: every call but ``nvmlInit`` needs an
-open reference (``nvmlInit`` / ``nvmlShutdown`` count), an event set receives only the XIDs raised
-while it is registered, and ``nvmlEventSetWait`` raises ``NVMLError_Timeout`` when nothing is
-pending. Tests drive it in process (``configure``, ``set_ecc``, ``raise_xid``); a launcher
-subprocess reads its starting state from the JSON file named by ``FAKE_PYNVML_STATE``::
+It keeps the rules of real NVML that the GPU probe (``resiliency.ft.gpu_probe``) depends on:
+every call but ``nvmlInit`` needs an open reference (``nvmlInit`` / ``nvmlShutdown`` count), an
+event set receives only the XIDs raised while it is registered, ``nvmlEventSetWait`` raises
+``NVMLError_Timeout`` when nothing is pending, and two handles of one GPU never compare equal
+(pynvml's handles are new ctypes objects), so nothing may match devices by ``==``.
 
-    {"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]}, "no_driver": false}
+Two ways to drive it:
 
-where the ``xid`` entries are raised on a GPU as soon as an event set is registered on it.
+* in process: ``configure``, ``set_ecc``, ``raise_xid``, then ``open_references`` and
+  ``live_event_sets`` to check that references and event sets are balanced;
+* through a JSON file named by ``FAKE_NVML_STATE``, re-read at every call, so a test or another
+  process changes the GPUs' health by rewriting it::
+
+    {"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]}, "throttle": {"0": 64}, "no_driver": false}
+
+  ``xid`` lists every XID a GPU has raised so far: an entry not seen before is raised when the
+  file is read, and reaches the event sets registered on that GPU then, or the first one
+  registered later (a node whose GPU failed before its launcher started).
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ from typing import Any
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 nvmlEventTypeXidCriticalError = 0x8
+nvmlClocksThrottleReasonSwPowerCap = 0x4
+nvmlClocksThrottleReasonHwSlowdown = 0x8
+nvmlClocksThrottleReasonSwThermalSlowdown = 0x20
+nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x80
 
 
 class NVMLError(Exception):
@@ -40,15 +54,19 @@ class NVMLError_NotSupported(NVMLError):
     """The GPU does not support the query."""
 
 
-@dataclass(frozen=True)
 class _Handle:
-    index: int
+    """A device handle; like pynvml's, two handles of one GPU are different objects."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 @dataclass
 class _Gpu:
     ecc: int | None = 0  # None: ECC is off on this board (the query is not supported)
-    pending_xids: list[int] = field(default_factory=list)  # raised when a set registers
+    throttle: int = 0
+    pending_xids: list[int] = field(default_factory=list)  # raised before any set registered
+    xids_read: int = 0  # entries of the state file's xid list already raised
 
 
 @dataclass
@@ -95,21 +113,34 @@ def live_event_sets() -> int:
     return sum(not s.freed for s in _sets)
 
 
-def _load_state() -> None:
-    path = os.environ.get("FAKE_PYNVML_STATE")
+def _sync() -> None:
+    """Apply the state file, when there is one."""
+    global _no_driver
+    path = os.environ.get("FAKE_NVML_STATE")
     if not path:
-        configure(1)
         return
     with open(path, encoding="utf-8") as fh:
         state: dict[str, Any] = json.load(fh)
-    configure(int(state.get("count", 1)), bool(state.get("no_driver", False)))
-    for index, count in state.get("ecc", {}).items():
-        set_ecc(int(index), count)
-    for index, xids in state.get("xid", {}).items():
-        _gpus[int(index)].pending_xids.extend(int(x) for x in xids)
+    count = int(state.get("count", 1))
+    while len(_gpus) < count:
+        _gpus.append(_Gpu())
+    del _gpus[count:]
+    _no_driver = bool(state.get("no_driver", False))
+    for index, gpu in enumerate(_gpus):
+        key = str(index)
+        gpu.ecc = state.get("ecc", {}).get(key, 0)
+        gpu.throttle = int(state.get("throttle", {}).get(key, 0))
+        xids = [int(x) for x in state.get("xid", {}).get(key, [])]
+        for xid in xids[gpu.xids_read :]:
+            if any(index in s.devices and not s.freed for s in _sets):
+                raise_xid(index, xid)
+            else:
+                gpu.pending_xids.append(xid)
+        gpu.xids_read = max(gpu.xids_read, len(xids))
 
 
 def _need_init() -> None:
+    _sync()
     if _refs <= 0:
         raise NVMLError_Uninitialized("Uninitialized")
 
@@ -121,6 +152,7 @@ def _gpu(handle: _Handle) -> _Gpu:
 
 def nvmlInit() -> None:
     global _refs
+    _sync()
     if _no_driver:
         raise NVMLError("Driver Not Loaded")
     _refs += 1
@@ -144,6 +176,11 @@ def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
     return _Handle(index)
 
 
+def nvmlDeviceGetIndex(handle: _Handle) -> int:
+    _need_init()
+    return handle.index
+
+
 def nvmlDeviceGetMemoryInfo(handle: _Handle) -> SimpleNamespace:
     _gpu(handle)
     return SimpleNamespace(total=80 << 30, free=80 << 30, used=0)
@@ -152,10 +189,10 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle) -> SimpleNamespace:
 def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: int) -> int:
     gpu = _gpu(handle)
     if (error_type, counter_type) != (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC):
-        return 0  # the check asks for the uncorrected volatile counter; others stay clean
+        return 0  # the probe asks for the uncorrected volatile counter; others stay clean
     if gpu.ecc is None:
         raise NVMLError_NotSupported("Not Supported")
-    return gpu.ecc
+    return int(gpu.ecc)
 
 
 def nvmlDeviceGetRetiredPagesPendingStatus(handle: _Handle) -> int:
@@ -166,6 +203,10 @@ def nvmlDeviceGetRetiredPagesPendingStatus(handle: _Handle) -> int:
 def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
     _gpu(handle)
     return (0, 0, 0, 0)
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: _Handle) -> int:
+    return _gpu(handle).throttle
 
 
 def nvmlEventSetCreate() -> _EventSet:
@@ -200,4 +241,4 @@ def nvmlEventSetFree(event_set: _EventSet) -> None:
     event_set.freed = True
 
 
-_load_state()
+configure(1)

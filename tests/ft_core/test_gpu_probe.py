@@ -1,0 +1,117 @@
+"""ft-core's GPU probe against the tests' one fake ``pynvml`` (tests/fake_nvml/pynvml.py).
+
+The fake keeps real NVML's rules the probe depends on: calls need an open reference, an event
+set receives only the XIDs raised while it is registered, and device handles never compare equal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from resiliency.ft import CRITICAL_XIDS, GpuProbe, XidEvent
+
+FAKE = Path(__file__).parents[1] / "fake_nvml" / "pynvml.py"
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A fresh fake ``pynvml`` with two healthy GPUs, imported by the probe as ``pynvml``."""
+    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pynvml", module)  # before exec: its dataclasses need it
+    spec.loader.exec_module(module)
+    module.configure(2)
+    return module
+
+
+def test_one_reference_and_one_event_set_per_gpu_from_open_to_close(nvml: ModuleType) -> None:
+    probe = GpuProbe()
+    assert probe.state == "closed" and probe.count == 0
+    assert probe.open() and probe.open()  # idempotent
+    assert (probe.state, probe.note, probe.count) == ("ok", None, 2)
+    assert nvml.open_references() == 1 and nvml.live_event_sets() == 2
+    probe.close()
+    assert nvml.open_references() == 0 and nvml.live_event_sets() == 0
+    assert probe.state == "closed"
+
+
+def test_health_reads_ecc_and_a_board_without_ecc_is_clean(nvml: ModuleType) -> None:
+    probe = GpuProbe()
+    probe.open()
+    nvml.set_ecc(1, 3)
+    nvml.set_ecc(0, None)  # ECC off on this board: the query is not supported
+    h0, h1 = probe.health(0), probe.health(1)
+    assert (h0.error, h0.ecc_uncorrectable) == (None, 0)
+    assert (h1.index, h1.ecc_uncorrectable, h1.retired_pages_pending) == (1, 3, False)
+    probe.close()
+
+
+def test_xids_are_drained_per_gpu_in_order_and_bounded(nvml: ModuleType) -> None:
+    probe = GpuProbe()
+    probe.open()
+    assert probe.drain_xids() == []
+    nvml.raise_xid(1, 79)
+    nvml.raise_xid(0, 13)
+    nvml.raise_xid(1, 48)
+    assert sorted(probe.drain_xids(), key=lambda e: e.index) == [
+        XidEvent(0, 13),
+        XidEvent(1, 79),
+        XidEvent(1, 48),
+    ]
+    for _ in range(5):
+        nvml.raise_xid(0, 31)
+    assert len(probe.drain_xids(max_per_gpu=3)) == 3  # an XID storm cannot hold the caller
+    assert len(probe.drain_xids()) == 2  # the rest waited for the next drain
+    assert 79 in CRITICAL_XIDS and 13 not in CRITICAL_XIDS
+    probe.close()
+
+
+def test_without_the_binding_the_probe_is_off_and_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    probe = GpuProbe()
+    assert not probe.open()
+    assert probe.state == "missing" and "pip install nvidia-ml-py" in (probe.note or "")
+    assert probe.drain_xids() == [] and probe.health(0).error == probe.note
+
+
+def test_no_driver_then_a_driver_that_comes_up(
+    nvml: ModuleType, tmp_path: Path, monkeypatch
+) -> None:
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"no_driver": True}))
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    probe = GpuProbe()
+    assert not probe.open()
+    assert probe.state == "no_driver" and "Driver Not Loaded" in (probe.note or "")
+    # the state file says a GPU raised XID 79 before anybody listened: the first set gets it
+    state.write_text(json.dumps({"count": 1, "xid": {"0": [79]}, "throttle": {"0": 0x40}}))
+    assert probe.open() and probe.state == "ok"
+    assert probe.drain_xids() == [XidEvent(0, 79)]
+    assert probe.health(0).throttle == ("hw_thermal",)
+    state.write_text(json.dumps({"count": 1, "xid": {"0": [79, 94]}}))
+    assert probe.drain_xids() == [XidEvent(0, 94)]  # a new entry of the file is a new XID
+    probe.close()
+    assert nvml.open_references() == 0
+
+
+def test_a_driver_that_fails_the_device_count_is_a_failed_probe(
+    nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> int:
+        raise nvml.NVMLError("Unknown Error")
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetCount", broken)
+    probe = GpuProbe()
+    assert not probe.open()
+    assert probe.state == "failed" and probe.note == "NVML query failed (Unknown Error)"
+    assert nvml.open_references() == 0  # the reference nvmlInit took was given back
