@@ -17,9 +17,16 @@ from typing import Any, cast
 
 from torch.distributed import Store
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from resiliency.ft import MonitorEvent, WorkloadAction
+from resiliency.ft import MonitorEvent
+from resiliency.launcher._event_pump import EventPump
+from resiliency.launcher._loop_state import (
+    LoopState,
+    group_state,
+    loop_state,
+    policy_state,
+    result_for_torch,
+)
 from resiliency.launcher._node_handle import NodeHandle, stopped_result
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher.agent_settings import AgentSettings, Outcome
@@ -29,7 +36,6 @@ from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.failure_diagnosis import diagnose_cycle, stop_rules_for
-from resiliency.launcher.failure_evidence import error_text, signal_name
 from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import HealthResult, run_health_checks
 from resiliency.launcher.health_watch import HealthWatch
@@ -101,6 +107,7 @@ class FtElasticAgent(CompatAgent):
         self.stop_rules = stop_rules_for(settings.ft_cfg)  # the diagnosis' decisions (issue 28)
         self._cycle = self._new_cycle()
         self._startup = StartupWatch(monitors, settings.ft_cfg.rank_startup_timeout)
+        self._events = EventPump(monitors, self._startup, settings.ft_cfg, self._cycle)
         self._shared: SharedRoundState | None = None
         self._watcher: RoundWatcher | None = None
         self._job: JobHangExchange | None = None  # a round of several nodes only
@@ -108,13 +115,25 @@ class FtElasticAgent(CompatAgent):
         self._worker_groups = WorkerProcessGroups()
         self.outcome: Outcome | None = None
         self.restarts_done = 0
-        self.hangs_detected = 0
         self.verdicts: list[str] = []
         self.diagnoses: list[dict[str, Any]] = []  # every failure's verdict and decision
         self.attempt_causes: list[str] = []
         self._health: HealthWatch | None = None
         self.supervision: Supervision | None = None  # --supervisor / --status-port
-        self.goodput = GoodputEvents(None)  # launch() sets the recording one (--goodput-dir)
+
+    @property
+    def goodput(self) -> GoodputEvents:
+        """Where the job's goodput events go (launch() sets the recording one: --goodput-dir)."""
+        return self._events.goodput
+
+    @goodput.setter
+    def goodput(self, events: GoodputEvents) -> None:
+        self._events.goodput = events
+
+    @property
+    def hangs_detected(self) -> int:
+        """Hangs the monitors reported since the launcher started."""
+        return self._events.hangs_detected
 
     def _new_cycle(self) -> Cycle:
         cfg = self._settings.ft_cfg
@@ -156,6 +175,7 @@ class FtElasticAgent(CompatAgent):
         if self._shared.world > 1 and self._settings.ft_cfg.enable_stack_dump:
             wait_s = self._settings.ft_cfg.stack_dump_timeout + EVIDENCE_SLACK_S
             self._job = JobHangExchange(self._shared, wait_s + worker_group.spec.monitor_interval)
+        self._events.job = self._job
 
     def _stop_watching(self) -> None:
         if self._watcher is not None:
@@ -174,7 +194,7 @@ class FtElasticAgent(CompatAgent):
                 pids = super()._start_workers(worker_group)
         self.bound_worker_close(self._settings.workers_stop_timeout)
         restart = worker_group.spec.max_restarts - self.remaining_restarts
-        self._cycle = self._new_cycle()
+        self._cycle = self._events.cycle = self._new_cycle()
         self.goodput.cycle_started(node=str(worker_group.group_rank))
         for local_rank, pid in pids.items():
             rank = worker_group.workers[local_rank].global_rank
@@ -222,21 +242,25 @@ class FtElasticAgent(CompatAgent):
         is_restart: bool = False,
     ) -> None:
         # A hung rank is its monitor's to end (grace period, then SIGKILL): let it finish first.
-        for lr in self._cycle.diagnosis.await_ends(self._poll_events):
+        for lr in self._cycle.diagnosis.await_ends(self._events.pump):
             logger.warning("the monitor of local rank %d did not report its hung rank gone", lr)
         self._monitors.workers_stopped()
         self.shutdown_workers(death_sig, timeout=timeout, is_restart=is_restart)
         self._worker_groups.end_leftovers()
 
     # --- monitoring ---------------------------------------------------------------------------
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self._handle_events(self._monitors.poll_events())
-        self._startup.check()
+    def _look(self, worker_group: WorkerGroup) -> tuple[RunResult, LoopState]:
+        """One look at the workers: torch's result, then every monitor event, then the state."""
         mark_stop_after_a_failure(self._settings.preemption, self)
         result: RunResult = super()._monitor_workers(worker_group)
+        # After torch's look: a rank its monitor killed as hung has its hang event queued
+        # already, so its failure is not blamed on the monitor's signal.
+        self._events.pump()  # the agent reads monitor events here only (waits are handed the pump)
+        self._startup.check()
         if result.state == WorkerState.FAILED:
-            self._note_worker_failures(result)
-        for local_rank in self._monitors.dead_monitors():
+            self._cycle.note_failures(result.failures)
+        dead = self._monitors.dead_monitors()
+        for local_rank in dead:
             cause = (
                 f"rank monitor of local rank {local_rank} (rank "
                 f"{self._cycle.ranks.get(local_rank)}) died; its worker is no longer watched"
@@ -244,109 +268,23 @@ class FtElasticAgent(CompatAgent):
             logger.error("%s: starting a new monitor and failing the worker group", cause)
             self._cycle.causes.append(cause)
             self._monitors.replace(local_rank)
-            result = RunResult(state=WorkerState.FAILED, failures=result.failures)
-        if self._cycle.diagnosis.hangs and result.state == WorkerState.HEALTHY:
-            failures = {
-                ev.rank if ev.rank is not None else lr: ProcessFailure(
-                    local_rank=lr,
-                    pid=ev.pid or 0,
-                    exitcode=-int(self._settings.ft_cfg.rank_termination_signal),
-                    error_file="",
-                )
-                for lr, ev in self._cycle.diagnosis.hangs.items()
-            }
-            result = RunResult(state=WorkerState.FAILED, failures=failures)
-        return result
+        hung = bool(self._cycle.diagnosis.hangs)
+        return result, loop_state(result, hung=hung, monitor_died=bool(dead))
 
-    def _note_worker_failures(self, result: RunResult) -> None:
-        # The monitor reports a hang before it signals the rank, so a rank it killed already has
-        # its hang event queued: drain them before blaming a signal.
-        self._handle_events(self._monitors.poll_events())
-        stop_signals = (-signal.SIGTERM, -signal.SIGKILL)
-        # Root cause first: torch stops the surviving ranks with SIGTERM once one rank fails.
-        ordered = sorted(
-            result.failures.items(), key=lambda item: (item[1].exitcode in stop_signals, item[0])
-        )
-        for global_rank, failure in ordered:
-            local_rank = failure.local_rank
-            if local_rank in self._cycle.diagnosis.hangs:
-                continue
-            if failure.exitcode < 0:
-                how = f"was killed by signal {signal_name(-failure.exitcode)}"
-            else:
-                how = f"exited with code {failure.exitcode}"
-            message = f": {text}" if (text := error_text(failure)) else ""
-            who = f"rank {global_rank} (local rank {local_rank}, pid {failure.pid})"
-            cause = f"{who} {how}{message}"
-            if cause not in self._cycle.causes:
-                stopped = failure.exitcode in stop_signals and self._cycle.causes
-                logger.log(logging.WARNING if stopped else logging.ERROR, "%s", cause)
-                self._cycle.causes.append(cause)
-
-    def _poll_events(self) -> None:
-        self._handle_events(self._monitors.poll_events())
-
-    def _handle_events(self, events: list[MonitorEvent]) -> None:
-        for event in events:
-            local_rank = event.local_rank
-            if local_rank is None:
-                logger.warning("monitor event without a local rank ignored: %s", event.raw)
-            elif event.kind == "hang":
-                self._on_hang(local_rank, event)
-            elif event.kind == "killed":
-                self._cycle.diagnosis.add_ended(local_rank, event)
-            elif event.kind == "stacks":
-                self._cycle.diagnosis.add_stacks(local_rank, event.stack_dump)
-            elif event.kind == "wlc":
-                self._on_workload_control(event)
-            elif event.kind == "rank_connected":
-                self._cycle.connected.add(local_rank)
-                self._startup.connected(local_rank)
-            elif event.kind == "rank_disconnected":
-                self._cycle.connected.discard(local_rank)
-            else:
-                logger.debug("monitor event: %s", event)
-
-    def _on_hang(self, local_rank: int, event: MonitorEvent) -> None:
-        if local_rank in self._cycle.diagnosis.hangs:
-            return
-        if self._cycle.pids.get(local_rank) not in (None, event.pid):
-            logger.info("ignoring a hang report about an earlier worker (pid %s)", event.pid)
-            return
-        elapsed = f"{event.elapsed:.1f} s" if event.elapsed is not None else "?"
-        limit = f"{event.limit:.1f} s" if event.limit is not None else "?"
-        cause = (
-            f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) hung: "
-            f"{event.timer} timer expired after {elapsed} (limit {limit})"
-        )
-        cfg = self._settings.ft_cfg
-        logger.error(
-            "%s; its monitor stops it (%s, SIGKILL after %g s)",
-            *(cause, cfg.rank_termination_signal.name, cfg.termination_grace_period),
-        )
-        self.hangs_detected += 1
-        self.goodput.hang_detected(event.rank, event.timer, event.elapsed, event.limit)
-        self._cycle.causes.append(cause)
-        first = self._cycle.diagnosis.add_hang(local_rank, event)
-        if first and self._job is not None:
-            self._job.announce()  # the other nodes contribute their ranks' stacks
-        if first and self._settings.ft_cfg.enable_stack_dump:
-            # The other local ranks are about to be stopped: collect their stacks first.
-            peers = [
-                lr for lr in self._cycle.pids if lr != local_rank and lr in self._cycle.connected
-            ]
-            self._cycle.diagnosis.request_peer_stacks(peers)
+    def _for_torch(self, result: RunResult, state: LoopState) -> RunResult:
+        signum = int(self._settings.ft_cfg.rank_termination_signal)
+        return result_for_torch(result, state, self._cycle.diagnosis.hangs, signum)
 
     def _collect_verdict(self) -> bool:
         """Log this node's hang verdict; True when it published evidence for the job's."""
         cycle = self._cycle
-        verdict = cycle.diagnosis.verdict(cycle.ranks, self._poll_events)
+        verdict = cycle.diagnosis.verdict(cycle.ranks, self._events.pump)
         if verdict is not None:
             self._blame(verdict)
         if self._job is None:
             return False
         restart = self.worker_group.spec.max_restarts - self.remaining_restarts
-        return self._job.contribute(cycle, self._poll_events, local=verdict, restart=restart)
+        return self._job.contribute(cycle, self._events.pump, local=verdict, restart=restart)
 
     def _blame(self, verdict: HangVerdict) -> None:
         self.verdicts.append(verdict.summary)
@@ -355,20 +293,6 @@ class FtElasticAgent(CompatAgent):
         cause = culprit_cause(verdict, self._cycle.ranks, self._cycle.pids)
         if cause is not None:
             self._cycle.causes.insert(0, cause)  # the root cause is the culprit, not a timer
-
-    def _on_workload_control(self, event: MonitorEvent) -> None:
-        try:
-            action = WorkloadAction(event.action)
-        except ValueError:
-            logger.error("rank %s sent an unknown workload action %r", event.rank, event.action)
-            return
-        logger.warning(
-            "rank %s requested %s: %s", event.rank, action.value, event.desc or "(no reason given)"
-        )
-        if action is WorkloadAction.ShutdownWorkload:
-            self._cycle.shutdown = event
-        else:
-            self._cycle.exclude = event
 
     # --- the supervision loop -----------------------------------------------------------------
     def supervise(self, role: str) -> RunResult:
@@ -401,16 +325,14 @@ class FtElasticAgent(CompatAgent):
         self.initialize_workers()
         while True:
             time.sleep(spec.monitor_interval)
-            result = self._monitor_workers(group)
+            result, state = self._look(group)
             if self.supervision is not None and (asked := self.supervision.take_request()):
-                result = self._follow_supervisor(asked, result)  # the controller's intent
-            group.state = result.state
-            if result.state == WorkerState.FAILED and (
-                preempted := is_preempted(self._settings.preemption, self)
-            ):
+                result, state = self._follow_supervisor(asked, result, state)
+            group.state = group_state(state)
+            if state.failed and (preempted := is_preempted(self._settings.preemption, self)):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
-                return result
-            if result.state == WorkerState.FAILED and (bad := config_error_failures(result)):
+                return self._for_torch(result, state)
+            if state.failed and (bad := config_error_failures(result)):
                 # A restart would fail the same way.
                 return self._end(stop_on_config_error(self._node(), bad))
             # The round watcher's latest state: no store operation per monitoring interval.
@@ -426,10 +348,7 @@ class FtElasticAgent(CompatAgent):
                 # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
                 raise _NodeLeaves(_unhealthy(failed))
 
-            local = {
-                WorkerState.SUCCEEDED: LocalState.SUCCEEDED,
-                WorkerState.HEALTHY: LocalState.HEALTHY,
-            }.get(result.state, LocalState.FAILED)
+            local = policy_state(state)  # a hang is a failed node to the policy
             obs = GroupObservation(
                 local=local,
                 nodes_in_group=group.group_world_size or 1,
@@ -468,7 +387,7 @@ class FtElasticAgent(CompatAgent):
                     self.outcome = ended
                     # With no restarts left the failure is torch's to report, as for GIVE_UP.
                     exhausted = ended.exit_code == ExitCode.FAILURE
-                    return result if exhausted else stopped_result(group)
+                    return self._for_torch(result, state) if exhausted else stopped_result(group)
             else:  # GIVE_UP
                 self.request_shutdown()
                 group.state = WorkerState.FAILED
@@ -480,7 +399,7 @@ class FtElasticAgent(CompatAgent):
                     f"root cause: {root}; no restarts left ({spec.max_restarts} allowed)"
                     + (f"; last failure: {last}" if last != root else ""),
                 )
-                return result
+                return self._for_torch(result, state)
 
     def _stand_by(self) -> Outcome | None:
         """Min-healthy standby; on rejoining, charge one restart and start the workers."""
@@ -499,7 +418,9 @@ class FtElasticAgent(CompatAgent):
             self.initialize_workers()
         return ended
 
-    def _follow_supervisor(self, request: SupervisorRequest, result: RunResult) -> RunResult:
+    def _follow_supervisor(
+        self, request: SupervisorRequest, result: RunResult, state: LoopState
+    ) -> tuple[RunResult, LoopState]:
         """Carry out an intent of the job's supervisor (``--supervisor``)."""
         if request.action == "exclude":
             raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", request.detail))
@@ -507,12 +428,12 @@ class FtElasticAgent(CompatAgent):
             self._cycle.shutdown = MonitorEvent(
                 kind="wlc", action="ShutdownWorkload", desc=request.detail
             )
-            return result
+            return result, state
         logger.warning(
             "%s: restarting the workers (a new rendezvous round, not charged)", request.detail
         )
         self.restart_workers()
-        return RunResult(state=WorkerState.HEALTHY)
+        return RunResult(state=WorkerState.HEALTHY), LoopState.RUNNING
 
     def node_view(self) -> NodeView:
         """What this node's supervision sensor publishes (read on the sensor's thread)."""

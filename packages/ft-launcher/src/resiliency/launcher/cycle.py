@@ -6,14 +6,23 @@ the cycle's ranks and asks its diagnosis for stacks.
 
 from __future__ import annotations
 
+import logging
+import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import MonitorEvent
 from resiliency.launcher.diagnosis import HangDiagnosis
-from resiliency.launcher.failure_evidence import oom_kill_count
+from resiliency.launcher.failure_evidence import error_text, oom_kill_count, signal_name
 from resiliency.launcher.verdict import HangVerdict
 
 __all__ = ["Cycle"]
+
+logger = logging.getLogger(__name__)
+
+_STOP_SIGNALS = (-signal.SIGTERM, -signal.SIGKILL)
 
 
 @dataclass
@@ -41,3 +50,31 @@ class Cycle:
     exclude: MonitorEvent | None = None
     hang_verdict: HangVerdict | None = None
     oom_at_start: int | None = field(default_factory=oom_kill_count)
+
+    def note_failures(self, failures: Mapping[int, ProcessFailure]) -> None:
+        """Log each failed worker once and add it to the causes, root cause first.
+
+        A rank reported hung is left out: its hang is its cause, not its monitor's signal.
+
+        Args:
+            failures: torch's failures of this node's workers, by global rank.
+        """
+        # Root cause first: torch stops the surviving ranks with SIGTERM once one rank fails.
+        ordered = sorted(
+            failures.items(), key=lambda item: (item[1].exitcode in _STOP_SIGNALS, item[0])
+        )
+        for global_rank, failure in ordered:
+            local_rank = failure.local_rank
+            if local_rank in self.diagnosis.hangs:
+                continue
+            if failure.exitcode < 0:
+                how = f"was killed by signal {signal_name(-failure.exitcode)}"
+            else:
+                how = f"exited with code {failure.exitcode}"
+            message = f": {text}" if (text := error_text(failure)) else ""
+            who = f"rank {global_rank} (local rank {local_rank}, pid {failure.pid})"
+            cause = f"{who} {how}{message}"
+            if cause not in self.causes:
+                stopped = failure.exitcode in _STOP_SIGNALS and self.causes
+                logger.log(logging.WARNING if stopped else logging.ERROR, "%s", cause)
+                self.causes.append(cause)
