@@ -141,6 +141,18 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
             "float", "a hang's soft timeout: it began this long before the fault", False
         ),
     },
+    "inprocess_heal": {
+        "step": _f("int", "the step every rank resumed from (the newest one some rank held whole)"),
+        "lost_steps": _f("int", "steps a rank had committed before the fault that none kept"),
+        "healed_ranks": _f("list[int]", "ranks whose state was replaced by a peer's copy"),
+        "source_ranks": _f("list[int]", "ranks that held the agreed step and sent it"),
+        "bytes": _f("int", "bytes of state each healed rank received"),
+        "failed_copies": _f("int", "copies that failed verification and were fetched again"),
+        "duration_s": _f(
+            "float", "seconds of the heal on the recording rank (it ends at the event)"
+        ),
+        "iteration": _f("int", "the in-process wrapper's iteration it ran in", False),
+    },
 }
 
 EVENT_DOCS: dict[str, str] = {
@@ -162,6 +174,8 @@ EVENT_DOCS: dict[str, str] = {
     "supervisor_decision": "the supervisor's controller decided an action on a node",
     "diagnosis": "the launcher's verdict on a failed cycle: class, culprits, decision",
     "inprocess_restart": "the in-process wrapper restarted the function in the same processes",
+    "inprocess_heal": "after an in-process restart the ranks agreed on one step and healed the "
+    "ranks that lacked it from a peer's memory",
 }
 
 
