@@ -9,11 +9,14 @@ Faults inside healing come from ``RESILIENCY_INPROCESS_HEAL_FAULT`` (its one hom
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from inprocess_harness import FAULT_STEP, NPROC, Run, Torchrun, unbroken_params_at
 
+from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
 from resiliency.inprocess._heal_faults import HEAL_FAULT_ENV
 
 HEAL = ("--heal", "--momentum", "0.9")
@@ -88,17 +91,32 @@ def test_a_rank_failing_inside_its_optimizer_step_is_healed_from_a_peer(
 
 @pytest.mark.slow
 def test_a_corrupt_transfer_is_detected_and_fetched_again_from_another_peer(
-    torchrun: Torchrun, unbroken_momentum: Run
+    torchrun: Torchrun, unbroken_momentum: Run, tmp_path: Path
 ) -> None:
+    ledger_dir = tmp_path / "ledger"
     run = torchrun.run(
-        *HEAL, "--raise-mid-update", f"2@{FAULT_STEP}", env={HEAL_FAULT_ENV: "corrupt@0"}
+        *HEAL,
+        "--raise-mid-update",
+        f"2@{FAULT_STEP}",
+        env={HEAL_FAULT_ENV: "corrupt@0", DIR_ENV: str(ledger_dir)},
     )
     step = assert_one_step_like_unbroken(run, unbroken_momentum, iteration=1)
     assert f"rank 2: the state at step {step} from rank 0 failed verification" in run.output, (
         run.output[-6000:]
     )
-    assert heals(run, 1)[2]["source"] == 1
+    healed = heals(run, 1)
+    assert healed[2]["source"] == 1
+    assert all(h["failed_copies"] == 1 for h in healed.values())
     assert f"rank 2: healed to step {step} from rank 1" in run.output
+    # the ledger: one heal after the restart, with the step resumed from and the steps lost
+    lines = [json.loads(x) for p in ledger_dir.glob("*.jsonl") for x in p.read_text().splitlines()]
+    [event] = [x for x in lines if x["event"] == "inprocess_heal"]
+    assert validate_event(event) is None
+    assert (event["step"], event["lost_steps"], event["iteration"]) == (step, 0, 1)
+    assert (event["healed_ranks"], event["failed_copies"]) == ([2], 1)
+    assert event["bytes"] == healed[2]["nbytes"] > 0
+    assert 1 not in event["healed_ranks"] and 1 in event["source_ranks"]
+    assert compute(read_ledger(sorted(ledger_dir.glob("*.jsonl")))).restarts == 1
 
 
 @pytest.mark.slow

@@ -19,7 +19,13 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from resiliency.inprocess import _heal_codec, _heal_faults, _heal_plan, _heal_transfer
+from resiliency.inprocess import (
+    _heal_codec,
+    _heal_faults,
+    _heal_plan,
+    _heal_report,
+    _heal_transfer,
+)
 from resiliency.inprocess.exception import HealError
 from resiliency.inprocess.wrap import CallWrapper
 
@@ -48,6 +54,7 @@ class HealResult:
         lost_steps: steps committed somewhere before the fault and not kept (the newest
             committed step of any rank less ``step``).
         nbytes: bytes this rank received.
+        failed_copies: copies (to any rank) that failed verification and were fetched again.
         seconds: the whole heal on this rank, agreement included.
     """
 
@@ -58,6 +65,7 @@ class HealResult:
     receivers: tuple[int, ...]
     lost_steps: int
     nbytes: int
+    failed_copies: int
     seconds: float
 
 
@@ -179,11 +187,11 @@ class Healer:
                     crc,
                 )
             plan = agreed
-        source = None
+        source, failed_copies = None, 0
         if plan.receivers:
             if me in plan.receivers:
                 self._dirty = True  # a heal cut short never makes this rank a source
-            source = self._receive_and_send(
+            source, failed_copies = self._receive_and_send(
                 plan, me, buffer, digest=(crc, length), group=group, device=device
             )
         result = HealResult(
@@ -194,19 +202,17 @@ class Healer:
             receivers=tuple(plan.receivers),
             lost_steps=lost,
             nbytes=length if source is not None else 0,
+            failed_copies=failed_copies,
             seconds=time.monotonic() - started,
         )
         if me == 0:
-            # a heal that moved state follows a fault: as visible as the restart's own line
-            log.log(
-                logging.WARNING if plan.receivers else logging.INFO,
-                "rank 0: healing: every rank resumes at step %d (%d steps lost); ranks %s "
-                "healed from ranks %s in %.3f s",
-                plan.step,
-                lost,
-                plan.receivers or "none",
-                plan.sources,
-                result.seconds,
+            _heal_report.report_heal(
+                plan,
+                lost_steps=lost,
+                nbytes=length if plan.receivers else 0,
+                failed_copies=failed_copies,
+                seconds=result.seconds,
+                iteration=None if call_wrapper is None else call_wrapper.iteration,
             )
         if self._per_rank is not None:
             self._per_rank(result)
@@ -221,15 +227,16 @@ class Healer:
         digest: tuple[int, int],
         group: dist.ProcessGroup | None,
         device: torch.device,
-    ) -> int | None:
+    ) -> tuple[int | None, int]:
         """Rounds of transfers until every receiver holds a verified copy.
 
-        Returns the source this rank was healed from (None on a source).
+        Returns the source this rank was healed from (None on a source) and the number of
+        copies that failed verification (on every rank).
         """
         crc, length = digest
         pending = list(plan.receivers)
         tried: dict[int, set[int]] = {}
-        healed_from = None
+        healed_from, failed_copies = None, 0
         world = dist.get_world_size(group)
         while pending:
             assignment = _heal_plan.assign(pending, plan.sources, tried, plan.step)
@@ -281,10 +288,11 @@ class Healer:
                     )
                     self._step, self._dirty = plan.step, False
             failed = _heal_transfer.sum_flags(failed, group, device)
+            failed_copies += sum(failed)
             for receiver, source in assignment.items():
                 tried.setdefault(receiver, set()).add(source)
             pending = [r for r in pending if failed[r]]
-        return healed_from
+        return healed_from, failed_copies
 
     def _load(self, buffer: torch.Tensor, step: int, source: int) -> None:
         state = _heal_codec.unpack(buffer)
