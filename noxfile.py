@@ -262,6 +262,8 @@ def _install_everything(session: nox.Session) -> None:
 # leave out on purpose (torch, matplotlib, ft-core beside straggler, ft-launcher): they skip
 # there and run in `integration`. The rest of those folders runs once per Python version in its
 # own session only. A new test file that needs an optional dependency belongs in this list.
+# tests/integration/test_nox_sessions.py checks that every test file runs in exactly one default
+# session, or a second time only from this list or PTL_STANDALONE_TESTS.
 OPTIONAL_DEPENDENCY_TESTS = (
     "tests/straggler/test_cuda_events_gpu.py",  # torch (and a GPU)
     "tests/straggler/test_exchange_device.py",  # ft-core
