@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from resiliency.goodput import DIR_ENV, Recorder
+from resiliency.goodput import DIR_ENV, JOB_ID_ENV, Recorder
 
 __all__ = ["GoodputEvents"]
 
@@ -42,7 +42,7 @@ class GoodputEvents:
     """
 
     def __init__(self, directory: str | None, job: str | None = None) -> None:
-        job = os.environ.get("RESILIENCY_JOB_ID") or job
+        job = os.environ.get(JOB_ID_ENV) or job
         self.recorder = Recorder(directory, job=job, rank=None)
         self.directory = directory  # the ledger the stop rules read the job's progress from
         self._cycles = 0

@@ -15,7 +15,14 @@ from resiliency.goodput.auto_interval import AutoInterval
 from resiliency.goodput.calculator import CATEGORIES, Breakdown, Report, compute
 from resiliency.goodput.errors import ConfigError, GoodputError, MissingDependencyError
 from resiliency.goodput.ledger import Event, Ledger, LedgerReader, read_ledger
-from resiliency.goodput.recorder import DIR_ENV, Recorder, get_recorder, ledger_path
+from resiliency.goodput.recorder import (
+    DIR_ENV,
+    JOB_ID_ENV,
+    Recorder,
+    get_recorder,
+    host_ledger_files,
+    ledger_path,
+)
 from resiliency.goodput.schema import (
     EVENT_TYPES,
     SCHEMA_VERSION,
@@ -27,6 +34,7 @@ __all__ = [
     "CATEGORIES",
     "DIR_ENV",
     "EVENT_TYPES",
+    "JOB_ID_ENV",
     "SCHEMA_VERSION",
     "Advice",
     "AutoInterval",
@@ -44,6 +52,7 @@ __all__ = [
     "compute",
     "daly_interval",
     "get_recorder",
+    "host_ledger_files",
     "ledger_path",
     "predicted_goodput",
     "read_ledger",

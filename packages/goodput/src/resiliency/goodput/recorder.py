@@ -28,8 +28,11 @@ from resiliency.goodput.schema import SCHEMA_VERSION, validate_fields
 
 logger = logging.getLogger(__name__)
 
+#: The ledger directory; every process of a job that records writes its node's file there.
 DIR_ENV = "RESILIENCY_GOODPUT_DIR"
-JOB_ENVS = ("RESILIENCY_JOB_ID", "TORCHELASTIC_RUN_ID")
+#: The job id the ledger files are named by (else torchrun's run id, else "default").
+JOB_ID_ENV = "RESILIENCY_JOB_ID"
+JOB_ENVS = (JOB_ID_ENV, "TORCHELASTIC_RUN_ID")
 MAX_BATCH_BYTES = 1 << 20
 _WARN_EVERY_S = 60.0
 _last_warned: dict[str, float] = {}
@@ -51,6 +54,20 @@ def _safe(name: str) -> str:
 def ledger_path(directory: str | os.PathLike[str], job: str, host: str | None = None) -> Path:
     """The ledger file of ``job`` on this node (``host``, default: this machine)."""
     return Path(directory) / f"{_safe(job)}.{_safe(host or socket.gethostname())}.jsonl"
+
+
+def host_ledger_files(directory: str | os.PathLike[str], host: str | None = None) -> list[Path]:
+    """Every job's ledger file written on ``host`` (default: this machine) in ``directory``.
+
+    The file naming of :func:`ledger_path` read back: a node's sensor follows exactly the files
+    its own processes write. An unreadable directory gives no files.
+    """
+    suffix = f".{_safe(host or socket.gethostname())}.jsonl"
+    try:
+        return sorted(p for p in Path(directory).iterdir() if p.name.endswith(suffix))
+    except OSError as exc:
+        logger.debug("cannot list the ledger directory %s: %s", directory, exc)
+        return []
 
 
 class Recorder:

@@ -8,13 +8,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from resiliency.simulator._contracts import FORKED_ENVIRON_DIR_VAR
+
 logger = logging.getLogger(__name__)
 
 _PROC = Path("/proc")
-
-#: ft-launcher's fork server sets this in its environment, which its forked workers show in
-#: ``/proc/<pid>/environ``; each worker publishes its own environment as ``<dir>/<pid>``.
-FORKED_ENVIRON_DIR_VAR = "RESILIENCY_FORKED_ENVIRON_DIR"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from resiliency.goodput import Recorder, read_ledger
+from resiliency.goodput import JOB_ID_ENV, Recorder, read_ledger
 from resiliency.simulator.errors import SimulatorError
 from resiliency.simulator.outcome import format_table, outcomes, timeline_of
 from resiliency.simulator.plan import FAULT_KINDS, FaultPlan
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             local_ckpt_dir=args.local_ckpt_dir,
             disk_full_hold_s=args.disk_full_hold,
             goodput_dir=goodput_dir,
-            env={"RESILIENCY_JOB_ID": job},
+            env={JOB_ID_ENV: job},
             faults_from_first_step=args.from_first_step,
         )
     )

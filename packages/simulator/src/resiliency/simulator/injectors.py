@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resiliency.simulator._contracts import HOOK_ENV, HOOK_SIGNALS
 from resiliency.simulator._proctree import (
     Proc,
     catches_signal,
@@ -41,12 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The environment variable that turns the in-rank fault hook on.
-HOOK_ENV = "RESILIENCY_FAULT_HOOK"
-#: Real-time signals the in-rank hook handles, by fault kind (offsets from SIGRTMIN; the same
-#: table lives in resiliency.ft's hook, and a test checks that they agree).
-HOOK_SIGNALS = {"hang": 1, "hang_nogil": 2, "crash": 3}
 
 
 def _hook_signal(kind: str) -> int:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from resiliency.goodput import read_ledger
+from resiliency.goodput import DIR_ENV, read_ledger
+from resiliency.simulator._contracts import HOOK_ENV, SIM_NODE_ENV
 from resiliency.simulator._proctree import Proc, descendants, kill_all, read_proc, workers
 from resiliency.simulator.errors import InjectionError, SimulatorError
 from resiliency.simulator.injectors import (
-    HOOK_ENV,
     SlowDown,
     committed_files,
     fill_disk,
@@ -115,9 +115,9 @@ class JobRunner:
 
     def _start_node(self, node: int) -> None:
         env = {**os.environ, **self.options.env, HOOK_ENV: "1"}
-        env["RESILIENCY_SIM_NODE"] = str(node)
+        env[SIM_NODE_ENV] = str(node)
         if self.options.goodput_dir is not None:
-            env["RESILIENCY_GOODPUT_DIR"] = str(self.options.goodput_dir)
+            env[DIR_ENV] = str(self.options.goodput_dir)
         popen = subprocess.Popen(
             self._node_command(node),
             env=env,

@@ -51,7 +51,7 @@ from resiliency.supervisor.policies import (
     StragglerPolicy,
     load_policies,
 )
-from resiliency.supervisor.sensor import DEFAULT_INTERVAL_S, NodeSensor, Probe
+from resiliency.supervisor.sensor import DEFAULT_INTERVAL_S, NODE_ID_ENV, NodeSensor, Probe
 from resiliency.supervisor.status_table import job_rows, render_table
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_INTERVAL_S",
     "DOC_VERSION",
     "ETCD_URL_OPTIONS",
+    "NODE_ID_ENV",
     "NODE_STATES",
     "Backend",
     "BackendAuthError",

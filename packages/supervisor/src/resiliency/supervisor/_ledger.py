@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import time
 from collections import deque
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from resiliency.goodput import host_ledger_files
 
 __all__ = ["LedgerTail"]
 
@@ -59,8 +60,7 @@ class LedgerTail:
 
     def __init__(self, directory: str | os.PathLike[str], host: str | None = None) -> None:
         self.directory = Path(directory)
-        host = host or socket.gethostname()
-        self._suffix = "." + (re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "_") + ".jsonl"
+        self.host = host or socket.gethostname()
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
         self.step: int | None = None
@@ -89,11 +89,7 @@ class LedgerTail:
                 host's ledger file, each writes under its own group rank).
             skip_existing: start at the files' current ends.
         """
-        try:
-            files = [p for p in self.directory.iterdir() if p.name.endswith(self._suffix)]
-        except OSError:
-            return
-        for path in files:
+        for path in host_ledger_files(self.directory, self.host):
             try:
                 size = path.stat().st_size
                 if skip_existing or path not in self._offsets:

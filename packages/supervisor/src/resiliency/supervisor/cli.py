@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from resiliency.goodput import DIR_ENV
 from resiliency.supervisor.connect import backend_from_url
 from resiliency.supervisor.controller import Controller
 from resiliency.supervisor.errors import StaleGenerationError, SupervisorError
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _controller(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.goodput_dir:
-        os.environ["RESILIENCY_GOODPUT_DIR"] = os.path.abspath(args.goodput_dir)
+        os.environ[DIR_ENV] = os.path.abspath(args.goodput_dir)
     try:
         policies, interval = load_policies(args.policy)
         backend = backend_from_url(args.backend, server=args.serve)

@@ -18,7 +18,7 @@ from types import FrameType
 
 from resiliency.supervisor.connect import backend_from_url
 from resiliency.supervisor.errors import SupervisorError
-from resiliency.supervisor.sensor import DEFAULT_INTERVAL_S, NodeSensor
+from resiliency.supervisor.sensor import DEFAULT_INTERVAL_S, NODE_ID_ENV, NodeSensor
 
 __all__ = ["main"]
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECS")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[host-daemon] %(asctime)s %(message)s")
-    node = args.node or os.environ.get("RESILIENCY_NODE_ID") or socket.gethostname()
+    node = args.node or os.environ.get(NODE_ID_ENV) or socket.gethostname()
     try:
         backend = backend_from_url(args.backend)
         sensor = NodeSensor(

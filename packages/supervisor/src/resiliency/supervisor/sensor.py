@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from resiliency.goodput import DIR_ENV
 from resiliency.supervisor._ledger import LedgerTail
 from resiliency.supervisor.backend import Backend
 from resiliency.supervisor.document import NodeStatus, keys_for
@@ -27,11 +28,15 @@ from resiliency.supervisor.generation import read_generation
 from resiliency.supervisor.gpu import GpuWatch
 from resiliency.supervisor.intents import Intent, refusal
 
-__all__ = ["DEFAULT_INTERVAL_S", "NodeSensor", "Probe"]
+__all__ = ["DEFAULT_INTERVAL_S", "NODE_ID_ENV", "NodeSensor", "Probe"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
+#: A node's id for the supervisor when no --node / --node-id is given (else the host name).
+#: ft-launcher reads the same variable and keeps its own copy (the supervisor is its extra):
+#: tests/integration/test_contracts.py checks that both agree.
+NODE_ID_ENV = "RESILIENCY_NODE_ID"
 #: A document lives this many intervals after its last put.
 TTL_INTERVALS = 2.0
 
@@ -75,9 +80,7 @@ class NodeSensor:
         keys = keys_for(backend.namespace if backend is not None else "resiliency/local/")
         self.key = keys.host(node) if host_daemon else keys.node(node)
         self._intent_key = keys.intent(node)
-        directory = (
-            ledger_dir if ledger_dir is not None else os.environ.get("RESILIENCY_GOODPUT_DIR")
-        )
+        directory = ledger_dir if ledger_dir is not None else os.environ.get(DIR_ENV)
         self._ledger = LedgerTail(directory) if directory else None
         self._gpu: GpuWatch | None = GpuWatch() if gpu is None or gpu is True else gpu or None
         self._on_intent = on_intent
