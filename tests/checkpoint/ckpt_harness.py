@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 WORKER = Path(__file__).resolve().with_name("ckpt_worker.py")
+RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
+RANKS_DEADLINE_S = 150
 TIMEOUT_S = 180
 
 
@@ -27,7 +29,8 @@ def run_scenario(
     root, out = tmp / "ckpt", tmp / "out"
     root.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
-    argv = [sys.executable, str(WORKER), "group", str(world), str(root), scenario, str(out)]
+    argv = [sys.executable, str(RANK_GROUP), str(world), str(out), str(RANKS_DEADLINE_S), "0"]
+    argv += [str(WORKER), str(root), scenario, str(out)]
     if tmpfs_mb is not None:
         # One private mount namespace for every rank: the tmpfs disappears with the job.
         script = f'mount -t tmpfs -o size={tmpfs_mb}m tmpfs "$0" && exec "$@"'

@@ -1,9 +1,9 @@
 """Real multi-process checkpoint scenarios: 2-rank DDP over gloo, one process per rank.
 
-Usage: python ckpt_worker.py group WORLD ROOT SCENARIO OUT
-    Starts WORLD ranks of this script (``rank`` mode) and waits for them; each rank writes
-    ``OUT/rank<r>.json`` (its findings) and logs into ``OUT/rank<r>.log``. The group mode lets a
-    test run every rank inside one mount namespace (the tmpfs disk-full case).
+Usage: python rank_group.py WORLD OUT DEADLINE_S 0 ckpt_worker.py ROOT SCENARIO OUT
+    rank_group.py (torch-free) starts WORLD ranks of this script and waits for them; each rank
+    writes ``OUT/rank<r>.json`` (its findings) and logs into ``OUT/rank<r>.log``. Running the
+    group under ``unshare`` puts every rank in one mount namespace (the tmpfs disk-full case).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import logging
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -39,8 +37,6 @@ try:  # optional: AppState saves NumPy's RNG only when NumPy is installed
     import numpy as np
 except ImportError:
     np = None
-
-DEADLINE_S = 150
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -386,56 +382,17 @@ SCENARIOS = {
 }
 
 
-def _rank_main(rank: int, world: int, port: int, root: Path, scenario: str, out: Path) -> None:
+def main() -> int:
+    root, scenario, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    rank = int(os.environ["RANK"])
     logging.basicConfig(
         level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s"
     )
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # env:// from rank_group
     result = SCENARIOS[scenario](rank, root, out)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _group_main(world: int, root: Path, scenario: str, out: Path) -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        with open(out / f"rank{rank}.log", "wb") as log:
-            argv = [sys.executable, __file__, "rank", str(rank), str(world), str(port)]
-            procs.append(
-                subprocess.Popen(
-                    [*argv, str(root), scenario, str(out)], stdout=log, stderr=subprocess.STDOUT
-                )
-            )
-    deadline = time.monotonic() + DEADLINE_S
-    codes = []
-    try:
-        for proc in procs:
-            codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-    return max(abs(c) for c in codes) if codes else 1
-
-
-def main() -> int:
-    mode = sys.argv[1]
-    if mode == "group":
-        world, root, scenario, out = sys.argv[2:6]
-        return _group_main(int(world), Path(root), scenario, Path(out))
-    rank, world, port, root, scenario, out = sys.argv[2:8]
-    _rank_main(int(rank), int(world), int(port), Path(root), scenario, Path(out))
     return 0
 
 

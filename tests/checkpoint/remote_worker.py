@@ -1,8 +1,9 @@
 """Object-store checkpoint scenarios on real gloo ranks, one process per rank.
 
-Usage: python remote_worker.py group WORLD URL SCENARIO OUT [--steps N] [--step S] [--keep K]
-    Starts WORLD ranks of this script and waits for them; each rank writes OUT/rank<r>.json
-    (its findings) and logs into OUT/rank<r>.log.
+Usage: python rank_group.py WORLD OUT DEADLINE_S CODES remote_worker.py WORLD URL SCENARIO OUT
+           [--steps N] [--step S] [--keep K]
+    rank_group.py (torch-free) starts WORLD ranks of this script and waits for them; each rank
+    writes OUT/rank<r>.json (its findings) and logs into OUT/rank<r>.log.
 
 Each rank's state has a tensor of its own (``shard<r>``, so every rank writes a data file) and
 one every rank shares (``shared``, written once by DCP's dedup); the values encode the step.
@@ -14,10 +15,7 @@ import argparse
 import json
 import logging
 import os
-import socket
-import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ import torch.distributed.checkpoint as dcp
 
 from resiliency.checkpoint import CheckpointManager
 
-DEADLINE_S = 150
 ELEMENTS = 64 << 10
 
 
@@ -98,41 +95,8 @@ def _rank(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-def _group(args: argparse.Namespace, argv: list[str]) -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(args.world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(args.world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        log = open(Path(args.out) / f"rank{rank}.log", "w")  # noqa: SIM115 -- the child's
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "rank", *argv[1:]], env=env, stdout=log, stderr=log
-            )
-        )
-        log.close()
-    deadline = time.monotonic() + DEADLINE_S
-    codes = []
-    for proc in procs:
-        try:
-            codes.append(proc.wait(max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            codes.append(proc.wait())
-    expected = [0, 17] if args.scenario == "die_mid_save" else [0] * args.world
-    return 0 if codes == expected else 1
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["group", "rank"])
     p.add_argument("world", type=int)
     p.add_argument("url")
     p.add_argument("scenario")
@@ -141,8 +105,6 @@ def main() -> int:
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--keep", type=int, default=None)
     args = p.parse_args()
-    if args.mode == "group":
-        return _group(args, sys.argv[1:])
     rank = int(os.environ["RANK"])
     logging.basicConfig(
         level=logging.INFO,

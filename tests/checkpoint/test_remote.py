@@ -50,6 +50,7 @@ pytestmark = [
 ]
 
 WORKER = Path(__file__).resolve().with_name("remote_worker.py")
+RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
 URL = f"s3://{BUCKET}/job"
 
 
@@ -64,7 +65,9 @@ def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, st
 def _job(tmp: Path, scenario: str, *extra: str, ok: bool = True) -> dict[int, dict[str, Any]]:
     out = tmp / f"out-{scenario}-{len(list(tmp.glob('out-*')))}"
     out.mkdir()
-    argv = [sys.executable, str(WORKER), "group", "2", URL, scenario, str(out), *extra]
+    codes = "0,17" if scenario == "die_mid_save" else "0"  # rank 1 dies with exit code 17
+    argv = [sys.executable, str(RANK_GROUP), "2", str(out), "150", codes]
+    argv += [str(WORKER), "2", URL, scenario, str(out), *extra]
     proc = subprocess.Popen(argv, start_new_session=True)
     try:
         code = proc.wait(200)
