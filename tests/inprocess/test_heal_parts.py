@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resiliency.inprocess import Healer, HealError
-from resiliency.inprocess._heal_codec import crc32, pack, unpack
+from resiliency.inprocess._heal_codec import crc32, digest, pack, unpack
 from resiliency.inprocess._heal_faults import HEAL_FAULT_ENV, maybe_corrupt
 from resiliency.inprocess._heal_plan import NO_STEP, Plan, agree, assign, check_digests
 
@@ -39,6 +39,8 @@ def test_a_model_and_adam_round_trip_bit_for_bit_without_pickle() -> None:
     assert other_opt.param_groups[0]["betas"] == (0.8, 0.99)
     again = pack({"model": other.state_dict(), "optimizer": other_opt.state_dict(), "extra": extra})
     assert crc32(again) == crc32(buffer) and torch.equal(again, buffer)
+    # a source's checksum, taken without packing, is the packed buffer's
+    assert digest(state) == (crc32(buffer), buffer.numel())
 
 
 def test_a_value_that_is_not_plain_data_is_refused_by_path() -> None:

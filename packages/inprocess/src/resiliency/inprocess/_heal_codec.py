@@ -32,6 +32,27 @@ def crc32(buffer: torch.Tensor) -> int:
     return zlib.crc32(buffer.numpy().data) & 0xFFFFFFFF
 
 
+def digest(state: Mapping[str, Any]) -> tuple[int, int]:
+    """``(crc32, length)`` of what :func:`pack` would return, without building it.
+
+    Every source checksums its state, but only the one asked to send packs it: this reads
+    each tensor's bytes in place (CPU tensors are not copied).
+    """
+    tensors: list[torch.Tensor] = []
+    header = json.dumps(_encode(dict(state), tensors, "state")).encode()
+    head = len(header).to_bytes(_LEN_BYTES, "little") + header
+    start = _aligned(len(head))
+    crc = zlib.crc32(head + bytes(start - len(head)))
+    length = start
+    for tensor in tensors:
+        size = tensor.numel() * tensor.element_size()
+        if size:
+            crc = zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy().data, crc)
+        crc = zlib.crc32(bytes(_aligned(size) - size), crc)
+        length += _aligned(size)
+    return crc & 0xFFFFFFFF, length
+
+
 def pack(state: Mapping[str, Any]) -> torch.Tensor:
     """Return one CPU ``uint8`` tensor holding ``state`` (nested state dicts of tensors).
 
@@ -43,15 +64,18 @@ def pack(state: Mapping[str, Any]) -> torch.Tensor:
     header = json.dumps(_encode(dict(state), tensors, "state")).encode()
     sizes = [t.numel() * t.element_size() for t in tensors]
     start = _aligned(_LEN_BYTES + len(header))
-    out = torch.zeros(start + sum(_aligned(s) for s in sizes), dtype=torch.uint8)
+    # empty, not zeros: the tensors' bytes are written once; only the padding is zeroed
+    out = torch.empty(start + sum(_aligned(s) for s in sizes), dtype=torch.uint8)
     out[:_LEN_BYTES] = torch.tensor(list(len(header).to_bytes(_LEN_BYTES, "little")))
     out[_LEN_BYTES : _LEN_BYTES + len(header)] = torch.frombuffer(
         bytearray(header), dtype=torch.uint8
     )
+    out[_LEN_BYTES + len(header) : start] = 0
     offset = start
     for tensor, size in zip(tensors, sizes, strict=True):
         if size:
-            out[offset : offset + size] = tensor.reshape(-1).view(torch.uint8)
+            out[offset : offset + size].copy_(tensor.reshape(-1).view(torch.uint8))
+        out[offset + size : offset + _aligned(size)] = 0
         offset += _aligned(size)
     return out
 

@@ -167,13 +167,11 @@ class Healer:
         )
         plan = _heal_plan.agree([row[0] for row in rows])
         lost = max(row[1] for row in rows) - plan.step
-        buffer = None
         digest = (-1, -1)
         crc, length = digest
         if plan.receivers:
             if me in plan.sources:
-                buffer = _heal_codec.pack({n: o.state_dict() for n, o in self._state.items()})
-                digest = (_heal_codec.crc32(buffer), buffer.numel())
+                digest = _heal_codec.digest(self._state_dicts())
             rows = _heal_transfer.gather_ints(list(digest), group, device)
             digests = [(r[0], r[1]) for r in rows]
             agreed, (crc, length) = _heal_plan.check_digests(plan, digests)
@@ -192,7 +190,7 @@ class Healer:
             if me in plan.receivers:
                 self._dirty = True  # a heal cut short never makes this rank a source
             source, failed_copies = self._receive_and_send(
-                plan, me, buffer, digest=(crc, length), group=group, device=device
+                plan, me, digest=(crc, length), group=group, device=device
             )
         result = HealResult(
             step=plan.step,
@@ -222,7 +220,6 @@ class Healer:
         self,
         plan: _heal_plan.Plan,
         me: int,
-        buffer: torch.Tensor | None,
         *,
         digest: tuple[int, int],
         group: dist.ProcessGroup | None,
@@ -237,12 +234,16 @@ class Healer:
         pending = list(plan.receivers)
         tried: dict[int, set[int]] = {}
         healed_from, failed_copies = None, 0
+        buffer = None  # packed on the first round this rank sends
         world = dist.get_world_size(group)
         while pending:
             assignment = _heal_plan.assign(pending, plan.sources, tried, plan.step)
             failed = [0] * world
+            mine = sorted(r for r, s in assignment.items() if s == me)
+            if mine and buffer is None:
+                buffer = _heal_codec.pack(self._state_dicts())
             if buffer is not None:
-                for receiver in sorted(r for r, s in assignment.items() if s == me):
+                for receiver in mine:
                     began = time.monotonic()
                     _heal_faults.maybe_raise(me)
                     sent = _heal_faults.maybe_corrupt(buffer, me)
@@ -293,6 +294,9 @@ class Healer:
                 tried.setdefault(receiver, set()).add(source)
             pending = [r for r in pending if failed[r]]
         return healed_from, failed_copies
+
+    def _state_dicts(self) -> dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self._state.items()}
 
     def _load(self, buffer: torch.Tensor, step: int, source: int) -> None:
         state = _heal_codec.unpack(buffer)
