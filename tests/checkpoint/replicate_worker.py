@@ -1,6 +1,6 @@
 """Two real gloo ranks exchange one shard directory each through ``_replicate.exchange``.
 
-    python replicate_worker.py group ROOT SCENARIO OUT   # starts both ranks, waits (bounded)
+    python rank_group.py 2 OUT DEADLINE_S 0 replicate_worker.py ROOT SCENARIO OUT
 
 Each rank writes a source shard (a 3 MiB file and a 1-byte one) with its manifest under OUT,
 sends it to the other rank, and receives the other's copy: rank 1 into ROOT (a small tmpfs in
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import zlib
 from datetime import timedelta
 from pathlib import Path
+
+import torch.distributed as dist
+
+from resiliency.checkpoint._tiers import replicate as _replicate
 
 SIZE = 3 << 20
 
@@ -36,10 +38,6 @@ def _source(out: Path, rank: int) -> tuple[Path, dict]:
 
 
 def rank_main(root: Path, scenario: str, out: Path) -> int:
-    import torch.distributed as dist  # noqa: PLC0415
-
-    from resiliency.checkpoint._tiers import replicate as _replicate  # noqa: PLC0415
-
     _replicate.CHUNK_BYTES = 256 << 10  # several chunks and rounds per file
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -67,35 +65,5 @@ def rank_main(root: Path, scenario: str, out: Path) -> int:
     return 0
 
 
-def group_main(root: Path, scenario: str, out: Path) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs, logs = [], []
-    for rank in (0, 1):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        argv = [sys.executable, __file__, "rank", str(root), scenario, str(out)]
-        logs.append(open(out / f"rank{rank}.log", "w"))  # noqa: SIM115
-        procs.append(subprocess.Popen(argv, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-    codes = []
-    for proc in procs:
-        try:
-            codes.append(proc.wait(120))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            codes.append(proc.wait())
-    for log in logs:
-        log.close()
-    return max(codes)
-
-
 if __name__ == "__main__":
-    mode, root_arg, scenario_arg, out_arg = sys.argv[1:5]
-    run = group_main if mode == "group" else rank_main
-    sys.exit(run(Path(root_arg), scenario_arg, Path(out_arg)))
+    sys.exit(rank_main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])))

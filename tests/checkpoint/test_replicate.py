@@ -18,13 +18,15 @@ from ckpt_harness import can_mount_tmpfs
 pytestmark = pytest.mark.timeout(180)
 
 WORKER = Path(__file__).resolve().with_name("replicate_worker.py")
+RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
 
 
 def _exchange(tmp: Path, scenario: str, tmpfs_mb: int | None = None) -> dict[int, Any]:
     root, out = tmp / "root", tmp / "out"
     root.mkdir()
     out.mkdir()
-    argv = [sys.executable, str(WORKER), "group", str(root), scenario, str(out)]
+    argv = [sys.executable, str(RANK_GROUP), "2", str(out), "120", "0"]
+    argv += [str(WORKER), str(root), scenario, str(out)]
     if tmpfs_mb is not None:
         script = f'mount -t tmpfs -o size={tmpfs_mb}m tmpfs "$0" && exec "$@"'
         argv = ["unshare", "--mount", "sh", "-c", script, str(root), *argv]
