@@ -90,6 +90,22 @@ def test_a_rank_failing_inside_its_optimizer_step_is_healed_from_a_peer(
 
 
 @pytest.mark.slow
+def test_two_ranks_failing_inside_their_optimizer_step_are_healed_from_different_peers(
+    torchrun: Torchrun, unbroken_momentum: Run
+) -> None:
+    run = torchrun.run(
+        *HEAL, "--raise-mid-update", f"1@{FAULT_STEP}", "--raise-mid-update", f"3@{FAULT_STEP}"
+    )
+    step = assert_one_step_like_unbroken(run, unbroken_momentum, iteration=1)
+    assert step == FAULT_STEP + 1, run.output[-6000:]
+    assert not run.starts(2), "two simultaneous faults are one restart and one heal"
+    healed = heals(run, 1)
+    assert all(h["receivers"] == [1, 3] for h in healed.values())
+    # the receivers are spread over the sources
+    assert (healed[1]["source"], healed[3]["source"]) == (0, 2)
+
+
+@pytest.mark.slow
 def test_a_corrupt_transfer_is_detected_and_fetched_again_from_another_peer(
     torchrun: Torchrun, unbroken_momentum: Run, tmp_path: Path
 ) -> None:

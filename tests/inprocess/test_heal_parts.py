@@ -12,6 +12,7 @@ from resiliency.inprocess import Healer, HealError
 from resiliency.inprocess._heal_codec import crc32, digest, pack, unpack
 from resiliency.inprocess._heal_faults import HEAL_FAULT_ENV, maybe_corrupt
 from resiliency.inprocess._heal_plan import NO_STEP, Plan, agree, assign, check_digests
+from resiliency.inprocess.exception import ConfigError
 
 
 def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -95,5 +96,7 @@ def test_updating_marks_the_state_half_updated_until_the_block_ends() -> None:
     with pytest.raises(RuntimeError), healer.updating(5):
         raise RuntimeError("fault inside the optimizer step")
     assert healer.step is None
-    with pytest.raises(HealError, match="expected an object with state_dict"):
+    with pytest.raises(ConfigError, match="expected an object with state_dict"):
         Healer({"x": 3})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=r"Healer\(step=-1\): expected an integer >= 0"):
+        Healer({"model": model}, step=-1)

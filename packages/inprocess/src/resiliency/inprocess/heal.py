@@ -26,7 +26,7 @@ from resiliency.inprocess import (
     _heal_report,
     _heal_transfer,
 )
-from resiliency.inprocess.exception import HealError
+from resiliency.inprocess.exception import ConfigError, HealError
 from resiliency.inprocess.wrap import CallWrapper
 
 log = logging.getLogger(__name__)
@@ -98,15 +98,15 @@ class Healer:
         device: torch.device | str | None = None,
     ) -> None:
         if not state:
-            raise HealError("Healer(state=...) needs at least one object to heal")
+            raise ConfigError("Healer(state=...) needs at least one object to heal")
         for name, obj in state.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise HealError(
+                raise ConfigError(
                     f"Healer(state={{{name!r}: {type(obj).__name__}}}): expected an object "
                     "with state_dict() and load_state_dict() (a module, an optimizer)"
                 )
         if step is not None and (not isinstance(step, int) or step < 0):
-            raise HealError(f"Healer(step={step!r}): expected an integer >= 0 or None")
+            raise ConfigError(f"Healer(step={step!r}): expected an integer >= 0 or None")
         self._state = dict(state)
         self._step = step
         self._dirty = False
