@@ -26,9 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-#: Set in the fork server's environment: the directory where each forked worker publishes its
-#: own environment as ``<pid>`` (``KEY=VALUE`` entries, each ending in a NUL byte).
-ENVIRON_DIR_VAR = "RESILIENCY_FORKED_ENVIRON_DIR"
+from resiliency.launcher._contracts import FORKED_ENVIRON_DIR_ENV
 
 
 def _command(argv: list[str]) -> tuple[bool, str, str, list[str]] | str:
@@ -78,7 +76,7 @@ def _publish_environ(directory: str, env: dict[str, str]) -> None:
 
 def forget_environ(pid: int) -> None:
     """Remove what a reaped worker published (the server calls this)."""
-    directory = os.environ.get(ENVIRON_DIR_VAR)
+    directory = os.environ.get(FORKED_ENVIRON_DIR_ENV)
     if directory:
         with contextlib.suppress(OSError):
             (Path(directory) / str(pid)).unlink()
@@ -127,7 +125,7 @@ def run(request: dict[str, Any], server_fd: int) -> None:
         parsed = _command(request["argv"])
         assert not isinstance(parsed, str)  # checked by the server before the fork
         unbuffered, kind, target, args = parsed
-        published = os.environ.get(ENVIRON_DIR_VAR)
+        published = os.environ.get(FORKED_ENVIRON_DIR_ENV)
         os.environ.clear()
         os.environ.update(request["env"])
         if request.get("cwd"):

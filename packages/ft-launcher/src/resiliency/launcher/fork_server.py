@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resiliency.launcher._forked_worker import ENVIRON_DIR_VAR
+from resiliency.launcher._contracts import FORKED_ENVIRON_DIR_ENV
 from resiliency.launcher._frames import recv_frame, send_frame
 from resiliency.launcher.errors import ForkServerError
 
@@ -134,7 +134,7 @@ class ForkServer:
                     ",".join(modules),
                 ],
                 pass_fds=(theirs.fileno(),),
-                env={**os.environ, ENVIRON_DIR_VAR: self.environ_dir},
+                env={**os.environ, FORKED_ENVIRON_DIR_ENV: self.environ_dir},
             )
         except OSError as exc:
             self._sock.close()

@@ -22,9 +22,16 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from resiliency.launcher._contracts import (
+    EXIT_INFO_DIR_ENV,
+    PREEMPTED_EXIT_CODE_ENV,
+    STOP_MARK_FILE,
+    TERM_TIMEOUT_ENV,
+)
 
 __all__ = [
     "EXIT_INFO_DIR_ENV",
@@ -37,12 +44,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later", as a requeued job will
-PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
-EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
-TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
-#: One byte in the exit-info directory that workers map: 1 while this launcher stops them itself
-#: (a restart, a failure), so their emergency handler tells that SIGTERM from a preemption.
-STOP_MARK_FILE = "launcher_stopping"
 
 # Exit codes a worker stopped by the launcher itself can show next to the ones that saved.
 _STOPPED_BY_LAUNCHER = {0, -int(signal.SIGTERM), -int(signal.SIGKILL)}
@@ -151,20 +152,30 @@ class Preemption:
             shutil.rmtree(self.directory)
 
 
-def worker_codes(agent: Any) -> dict[int, int | None]:
-    """Exit codes of the agent's current workers (empty when none was started)."""
+#: Reads local rank -> exit code (None while running) of the current workers: the agent's
+#: ``worker_returncodes``.
+WorkerCodes = Callable[[], Mapping[int, int | None]]
+
+
+def worker_codes(read: WorkerCodes) -> dict[int, int | None]:
+    """Exit codes of the current workers (empty when none was started or none can be read)."""
     try:
-        return dict(agent.worker_returncodes())
+        return dict(read())
     except Exception as exc:  # the process context may be half torn down
         logger.debug("cannot read the worker exit codes: %s", exc)
         return {}
 
 
-def is_preempted(preemption: Preemption | None, agent: Any) -> str | None:
-    """Return the preemption detail when ``agent``'s workers ended by a graceful preemption."""
+def is_preempted(preemption: Preemption | None, read: WorkerCodes) -> str | None:
+    """Return the preemption detail when the workers ended by a graceful preemption.
+
+    Args:
+        preemption: this launcher's side of graceful preemption (None: disabled).
+        read: reads the current workers' exit codes.
+    """
     if preemption is None:
         return None
-    return preemption.verdict(worker_codes(agent))
+    return preemption.verdict(worker_codes(read))
 
 
 def clean_up(preemption: Preemption | None) -> None:
@@ -190,7 +201,7 @@ def env_for(preemption: Preemption | None) -> dict[str, str]:
     return preemption.worker_env() if preemption is not None else {}
 
 
-def mark_stop_after_a_failure(preemption: Preemption | None, agent: Any) -> None:
+def mark_stop_after_a_failure(preemption: Preemption | None, read: WorkerCodes) -> None:
     """A worker failed: the SIGTERM torch is about to send the others is the launcher's stop.
 
     torch's process context stops the surviving workers itself once it sees the failure.
@@ -200,7 +211,7 @@ def mark_stop_after_a_failure(preemption: Preemption | None, agent: Any) -> None
     A worker that exited after a preemption (75, or SIGTERM from outside) is left to the
     preemption path.
     """
-    codes = worker_codes(agent)
+    codes = worker_codes(read)
     ended = [code for code in codes.values() if code is not None]
     if not any(code != 0 for code in ended) or len(ended) == len(codes):
         return

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import WorkerState
 
 from resiliency.ft import MonitorEvent
+from resiliency.launcher._contracts import NODE_ID_ENV
 from resiliency.launcher.errors import LauncherConfigError
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-NODE_ID_ENV = "RESILIENCY_NODE_ID"
 _MAX_FAILURES = 10
 _EXCLUDED_REASONS = ("node_excluded", "node_unhealthy")
 

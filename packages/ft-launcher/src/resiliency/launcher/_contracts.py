@@ -1,0 +1,34 @@
+"""What ft-launcher agrees on with processes of packages it may not import, spelled here once.
+
+The workers' code (resiliency-checkpoint's emergency save, resiliency-ptl's auto-resume), the
+simulator that drives the launcher from outside, and the supervisor (an optional extra) each
+keep their own copy of their side; tests/integration/test_contracts.py checks every pair, and
+docs/environment.md lists every variable with who sets and who reads it.
+"""
+
+from __future__ import annotations
+
+# --- with resiliency-checkpoint's emergency save (graceful preemption) ---------------------
+#: The code a rank exits with after its emergency save (``PREEMPTED_EXIT_CODE``).
+PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
+#: The launcher's private directory: each rank writes ``rank_<RANK>.json`` (its saved step)
+#: there, and the launcher keeps the stop mark there.
+EXIT_INFO_DIR_ENV = "RESILIENCY_EXIT_INFO_DIR"
+#: Seconds between the SIGTERM the launcher forwards and its SIGKILL.
+TERM_TIMEOUT_ENV = "RESILIENCY_TERM_TIMEOUT_S"
+#: One byte in the exit-info directory that the ranks map: 1 while the launcher itself stops
+#: them (a restart, a failure), so their SIGTERM handler tells that from a preemption.
+STOP_MARK_FILE = "launcher_stopping"
+
+# --- with resiliency-ptl's auto-resume ------------------------------------------------------
+#: The file the training script creates when training is complete: no restart after it.
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+
+# --- with the simulator, which finds forked workers in /proc --------------------------------
+#: Set in the fork server's environment: the directory where each forked worker publishes its
+#: own environment as ``<pid>`` (``KEY=VALUE`` entries, each ending in a NUL byte).
+FORKED_ENVIRON_DIR_ENV = "RESILIENCY_FORKED_ENVIRON_DIR"
+
+# --- with resiliency-supervisor (an extra) --------------------------------------------------
+#: This node's id for the supervisor when ``--node-id`` is not given (else the host name).
+NODE_ID_ENV = "RESILIENCY_NODE_ID"

@@ -1,0 +1,125 @@
+"""Every agreement between processes of different packages, checked from both sides.
+
+Where one package may import the other, the constant has one home and the other side imports
+it (nothing to check here but that it does). Where neither may import the other (the launcher
+and the checkpoint, ptl or the simulator; ft-core and the simulator; the supervisor, an extra of
+the launcher), each side keeps its copy in a module named for the contract, and this file is
+the one place that holds both copies against each other, and runs one side's writer against the
+other side's reader where the agreement is a file. docs/environment.md lists every variable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from pathlib import Path
+
+import pytest
+
+from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
+from resiliency.ft import FAULT_HOOK_SIGNALS
+from resiliency.goodput import Recorder, host_ledger_files, ledger_path
+from resiliency.launcher.preemption import PREEMPTED_EXIT_CODE, Preemption
+from resiliency.supervisor._ledger import LedgerTail
+
+# (what is agreed, one side "module:attribute", the other side "module:attribute")
+COPIES = [
+    (
+        "the in-rank fault hook's switch",
+        "resiliency.ft:FAULT_HOOK_ENV",
+        "resiliency.simulator._contracts:HOOK_ENV",
+    ),
+    (
+        "the in-rank fault hook's signals",
+        "resiliency.ft:FAULT_HOOK_SIGNALS",
+        "resiliency.simulator._contracts:HOOK_SIGNALS",
+    ),
+    (
+        "the forked workers' environment directory",
+        "resiliency.launcher._contracts:FORKED_ENVIRON_DIR_ENV",
+        "resiliency.simulator._contracts:FORKED_ENVIRON_DIR_VAR",
+    ),
+    (
+        "the exit code after an emergency save",
+        "resiliency.launcher._contracts:PREEMPTED_EXIT_CODE_ENV",
+        "resiliency.checkpoint:PREEMPTED_EXIT_CODE_ENV",
+    ),
+    (
+        "the exit-info directory",
+        "resiliency.launcher._contracts:EXIT_INFO_DIR_ENV",
+        "resiliency.checkpoint:EXIT_INFO_DIR_ENV",
+    ),
+    (
+        "the SIGTERM-to-SIGKILL time",
+        "resiliency.launcher._contracts:TERM_TIMEOUT_ENV",
+        "resiliency.checkpoint:TERM_TIMEOUT_ENV",
+    ),
+    (
+        "the launcher's stop mark",
+        "resiliency.launcher._contracts:STOP_MARK_FILE",
+        "resiliency.checkpoint._emergency.launcher_contract:STOP_MARK_FILE",
+    ),
+    (
+        "the finished-training flag file",
+        "resiliency.launcher._contracts:FINISHED_FLAG_ENV",
+        "resiliency.ptl.autoresume:FINISHED_FLAG_ENV",
+    ),
+    (
+        "a node's id for the supervisor",
+        "resiliency.launcher._contracts:NODE_ID_ENV",
+        "resiliency.supervisor:NODE_ID_ENV",
+    ),
+]
+
+
+def _value(spec: str) -> object:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@pytest.mark.parametrize(("what", "one", "other"), COPIES, ids=[c[0] for c in COPIES])
+def test_both_copies_of_an_agreement_are_the_same(what: str, one: str, other: str) -> None:
+    assert _value(one) == _value(other), f"{what}: {one} and {other} differ"
+
+
+def test_the_fault_hook_signals_are_real_time_signals_the_hook_handles() -> None:
+    for kind, offset in FAULT_HOOK_SIGNALS.items():
+        number = int(signal.SIGRTMIN) + offset
+        assert number <= int(signal.SIGRTMAX), kind
+
+
+def test_exit_info_written_by_a_rank_is_read_by_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher = Preemption(term_timeout=30.0)
+    try:
+        for name, value in launcher.worker_env().items():
+            monkeypatch.setenv(name, value)
+        # the rank's side: its saved step, then its exit code
+        write_exit_info(0, {"reason": "preempted", "step": 12})
+        verdict = launcher.verdict({0: PREEMPTED_EXIT_CODE})
+        assert verdict is not None and "saved step 12" in verdict
+        # the stop mark: the launcher writes the byte, the rank's map of it sees it change
+        mark = map_stop_mark()
+        assert mark is not None and mark[0] == 0
+        launcher.launcher_stopping(True)
+        assert mark[0] == 1
+        launcher.launcher_stopping(False)
+        assert mark[0] == 0
+        mark.close()
+    finally:
+        launcher.close()
+
+
+def test_the_node_ledger_a_recorder_writes_is_the_one_the_sensor_follows(tmp_path: Path) -> None:
+    tail = LedgerTail(tmp_path)  # this machine's files, as a node's sensor reads them
+    recorder = Recorder(tmp_path, job="job 7/a", rank=0)  # characters the naming replaces
+    try:
+        recorder.step(41)
+        recorder.flush()
+    finally:
+        recorder.close()
+    assert host_ledger_files(tmp_path) == [ledger_path(tmp_path, "job 7/a")]
+    assert host_ledger_files(tmp_path, "another-host") == []
+    tail.poll({0})
+    assert tail.step == 41
