@@ -56,15 +56,16 @@ def test_sigterm_while_the_launcher_stops_the_workers_ends_the_rank_at_once(
     tmp_path: Path,
 ) -> None:
     proc = _rank(tmp_path, b"\0")
-    try:
-        # The launcher sets the byte after the worker mapped it: the mapping sees the write.
-        fd = os.open(tmp_path / "launcher_stopping", os.O_WRONLY)
-        os.pwrite(fd, b"\1", 0)
-        os.close(fd)
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
+    with proc:  # closes the rank's stdout pipe (unread here) and reaps it
+        try:
+            # The launcher sets the byte after the worker mapped it: the mapping sees the write.
+            fd = os.open(tmp_path / "launcher_stopping", os.O_WRONLY)
+            os.pwrite(fd, b"\1", 0)
+            os.close(fd)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == -signal.SIGTERM
     assert time.monotonic() - started < 30
