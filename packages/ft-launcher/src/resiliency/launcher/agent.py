@@ -135,6 +135,11 @@ class FtElasticAgent(CompatAgent):
         """Hangs the monitors reported since the launcher started."""
         return self._events.hangs_detected
 
+    @property
+    def round_state(self) -> SharedRoundState | None:
+        """The current rendezvous round's shared state (None before the first rendezvous)."""
+        return self._shared
+
     def _new_cycle(self) -> Cycle:
         cfg = self._settings.ft_cfg
         return Cycle(
@@ -251,7 +256,7 @@ class FtElasticAgent(CompatAgent):
     # --- monitoring ---------------------------------------------------------------------------
     def _look(self, worker_group: WorkerGroup) -> tuple[RunResult, LoopState]:
         """One look at the workers: torch's result, then every monitor event, then the state."""
-        mark_stop_after_a_failure(self._settings.preemption, self)
+        mark_stop_after_a_failure(self._settings.preemption, self.worker_returncodes)
         result: RunResult = super()._monitor_workers(worker_group)
         # After torch's look: a rank its monitor killed as hung has its hang event queued
         # already, so its failure is not blamed on the monitor's signal.
@@ -329,7 +334,8 @@ class FtElasticAgent(CompatAgent):
             if self.supervision is not None and (asked := self.supervision.take_request()):
                 result, state = self._follow_supervisor(asked, result, state)
             group.state = group_state(state)
-            if state.failed and (preempted := is_preempted(self._settings.preemption, self)):
+            preemption = self._settings.preemption
+            if state.failed and (preempted := is_preempted(preemption, self.worker_returncodes)):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
                 return self._for_torch(result, state)
             if state.failed and (bad := config_error_failures(result)):

@@ -201,7 +201,8 @@ def launch(
     except RendezvousClosedError:
         outcome = _outcome_without_verdict(built)
     except Exception as exc:
-        if built and is_preempted(preemption, built[0]):  # e.g. the store's host left first
+        # e.g. the store's host left first
+        if built and is_preempted(preemption, built[0].worker_returncodes):
             logger.warning("after the workers' emergency checkpoint: %r", exc)
         else:
             logger.exception("ft-launcher failed")
@@ -217,7 +218,7 @@ def launch(
     if (
         agent is not None
         and outcome.exit_code != ExitCode.PREEMPTED
-        and (detail := is_preempted(preemption, agent))
+        and (detail := is_preempted(preemption, agent.worker_returncodes))
     ):
         outcome = Outcome(ExitCode.PREEMPTED, "preempted", detail)  # e.g. a forwarded SIGTERM
     if outcome.reason == "restarts_exhausted" and workers_failed is not None:
@@ -261,7 +262,7 @@ def _outcome(built: list[FtElasticAgent], failed: ChildFailedError | None) -> Ou
 
 def _outcome_without_verdict(built: list[FtElasticAgent]) -> Outcome:
     """The agent stopped without deciding (rendezvous closed by another node)."""
-    shared = built[0]._shared if built else None
+    shared = built[0].round_state if built else None
     if shared is not None:
         try:
             request = shared.read().shutdown
