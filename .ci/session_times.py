@@ -27,6 +27,9 @@ def main() -> None:
             started[match["name"]] = now
         elif (match := VERDICT.match(line)) and match["name"] in started:
             rows.append((now - started.pop(match["name"]), match["name"], match["verdict"]))
+    # A session cut off (nox killed, a README command failing mid-session) has no verdict line.
+    end = time.monotonic()
+    rows += [(end - t0, name, "ended without a verdict") for name, t0 in started.items()]
     if rows:
         print("\nsession times, slowest first:")
         for took, name, verdict in sorted(rows, reverse=True):
