@@ -10,7 +10,9 @@ other side's reader where the agreement is a file. docs/environment.md lists eve
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 import signal
 from pathlib import Path
 
@@ -123,3 +125,35 @@ def test_the_node_ledger_a_recorder_writes_is_the_one_the_sensor_follows(tmp_pat
     assert host_ledger_files(tmp_path, "another-host") == []
     tail.poll({0})
     assert tail.step == 41
+
+
+_OWN_VARIABLE = re.compile(r"^(RESILIENCY|FT|FAULT_TOL|ETCDCTL)_[A-Z0-9_]+$")
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "environment.md"
+
+
+def _variables_in(source: Path) -> set[str]:
+    """String constants shaped like the toolkit's variables, minus ``__all__`` entries."""
+    tree = ast.parse(source.read_text(), str(source))
+    exported: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            exported.update(id(c) for c in ast.walk(node.value))
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and _OWN_VARIABLE.match(node.value)
+        and id(node) not in exported
+    }
+
+
+def test_docs_environment_lists_every_variable_the_packages_use() -> None:
+    packages = Path(__file__).resolve().parents[2] / "packages"
+    used = set().union(*(_variables_in(p) for p in packages.glob("*/src/**/*.py")))
+    assert "RESILIENCY_GOODPUT_DIR" in used and "FT_RANK_MONITOR_IPC_SOCKET" in used
+    documented = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", _DOCS.read_text()))
+    missing = sorted(used - documented)
+    assert not missing, f"docs/environment.md does not list {missing}"

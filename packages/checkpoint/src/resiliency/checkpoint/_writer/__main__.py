@@ -24,6 +24,9 @@ from typing import Any
 logger = logging.getLogger("resiliency.checkpoint.writer")
 
 _PR_SET_PDEATHSIG = 1
+#: The writer's nice increment: writing must not compete with training for the CPU.
+WRITER_NICE_ENV = "RESILIENCY_CKPT_WRITER_NICE"
+_DEFAULT_NICE = 10
 
 
 def _serve(sock: socket.socket) -> None:
@@ -85,6 +88,22 @@ def _die_with_parent() -> None:
         os._exit(0)
 
 
+def _lower_priority() -> None:
+    """Raise the writer's nice value by ``$RESILIENCY_CKPT_WRITER_NICE`` (default 10)."""
+    raw = os.environ.get(WRITER_NICE_ENV, str(_DEFAULT_NICE))
+    try:
+        increment = int(raw)
+    except ValueError:
+        logger.warning(
+            "%s=%r is not an integer; the writer uses nice +%d", WRITER_NICE_ENV, raw, _DEFAULT_NICE
+        )
+        increment = _DEFAULT_NICE
+    try:
+        os.nice(increment)
+    except OSError as exc:  # e.g. a negative increment without the privilege
+        logger.warning("cannot change the writer's nice value by %d: %s", increment, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve saves on the socket descriptor given as the only argument."""
     args = sys.argv[1:] if argv is None else argv
@@ -95,9 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     _die_with_parent()
-    with contextlib.suppress(OSError):
-        os.nice(int(os.environ.get("RESILIENCY_CKPT_WRITER_NICE", "10")))
     logging.basicConfig(level=logging.WARNING, format="[ckpt-writer %(process)d] %(message)s")
+    _lower_priority()
     sock = socket.socket(fileno=fd)
     try:
         _serve(sock)
