@@ -23,9 +23,9 @@ from pathlib import Path
 from timeit import Timer
 
 from resiliency.straggler import Detector, Report
-from resiliency.straggler.aggregate import decode_all, fill_scores
-from resiliency.straggler.payload import RankSummary, encode_summary
-from resiliency.straggler.scoring import gpu_relative_scores, relative_scores_of_columns
+from resiliency.straggler._aggregate import decode_all, fill_scores
+from resiliency.straggler._payload import RankSummary, encode_summary
+from resiliency.straggler._scoring import gpu_relative_scores, relative_scores_of_columns
 
 SECTIONS = 20
 

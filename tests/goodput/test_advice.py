@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from resiliency.goodput import advise, compute, read_ledger
-from resiliency.goodput.render import render_advice
+from resiliency.goodput._render import render_advice
 
 from ._google_logs import large_google_job
 from ._ledgers import worked_example, write

@@ -16,7 +16,7 @@ def test_schema_reference_is_up_to_date() -> None:
     assert REFERENCE_BEGIN in text
     assert text == update_schema_reference(text), (
         "docs/goodput.md's schema reference is stale; regenerate it with "
-        "`python -m resiliency.goodput.reference docs/goodput.md`"
+        "`python -m resiliency.goodput._reference docs/goodput.md`"
     )
 
 

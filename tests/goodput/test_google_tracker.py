@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from resiliency.goodput import LedgerReader, compute, read_ledger
-from resiliency.goodput.render import render_text
+from resiliency.goodput._render import render_text
 
 from ._google_logs import google_calculator, large_google_job, worked_example_google
 

@@ -92,7 +92,7 @@ def test_nothing_to_plot_writes_no_png(tmp_path: Path) -> None:
 
 def test_lane_names_tell_two_jobs_on_one_host_apart() -> None:
     pytest.importorskip("matplotlib")
-    from resiliency.goodput.plot import lane_names  # noqa: PLC0415 -- the plot extra
+    from resiliency.goodput._plot import lane_names  # noqa: PLC0415 -- the plot extra
 
     assert lane_names(["d/train.vm.jsonl", "d/train.vm2.jsonl"]) == ["node vm", "node vm2"]
     assert lane_names(["d/jobA.vm.jsonl", "d/jobB.vm.jsonl"]) == ["jobA @ vm", "jobB @ vm"]
@@ -100,7 +100,7 @@ def test_lane_names_tell_two_jobs_on_one_host_apart() -> None:
 
 def test_the_legend_covers_no_lane(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from resiliency.goodput.plot import draw_report  # noqa: PLC0415 -- the plot extra
+    from resiliency.goodput._plot import draw_report  # noqa: PLC0415 -- the plot extra
 
     lines = worked_example()
     other = [{**x, "job": "jobB", "node": "vm"} for x in lines]
@@ -118,7 +118,7 @@ def test_the_legend_covers_no_lane(tmp_path: Path) -> None:
 
 def test_many_cycles_get_labels_that_fit(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from resiliency.goodput.plot import draw_report  # noqa: PLC0415 -- the plot extra
+    from resiliency.goodput._plot import draw_report  # noqa: PLC0415 -- the plot extra
 
     path = tmp_path / "tracker.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in large_google_job(nodes=4, restarts=30)))

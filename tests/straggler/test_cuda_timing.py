@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from resiliency.straggler.cuda_timing import CudaEventTimer
+from resiliency.straggler._cuda_timing import CudaEventTimer
 
 
 class HostEvent:

@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from resiliency.straggler.exchange import _collective_device_type
+from resiliency.straggler._exchange import _collective_device_type
 
 _CASES = [
     ("gloo", "cpu"),

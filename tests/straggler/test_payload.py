@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from resiliency.straggler import ExchangeError, Report
-from resiliency.straggler.aggregate import decode_all, fill_scores
-from resiliency.straggler.payload import RankSummary, decode_summary, encode_summary
+from resiliency.straggler._aggregate import decode_all, fill_scores
+from resiliency.straggler._payload import RankSummary, decode_summary, encode_summary
 
 
 def _summary(rank: int, median: float) -> RankSummary:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resiliency.straggler import Detector, StragglerId
-from resiliency.straggler.plugins import SELECT_ENV, load_kernel_profiler
+from resiliency.straggler._plugins import SELECT_ENV, load_kernel_profiler
 
 from ._fake_plugin import MODULE, write_fake_plugin
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resiliency.straggler.schedule import ReportSchedule
+from resiliency.straggler._schedule import ReportSchedule
 
 
 class Clock:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resiliency.straggler.scoring import (
+from resiliency.straggler._scoring import (
     DURATION_FLOOR_US,
     BestHistory,
     gpu_relative_scores,

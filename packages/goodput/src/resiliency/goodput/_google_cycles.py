@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from resiliency.goodput.google import GoogleRecord
+from resiliency.goodput._google import GoogleRecord
 
 # (time, event type, data, source file, line) of one converted event.
 Converted = tuple[float, str, dict[str, Any], str, int]

@@ -21,10 +21,10 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from resiliency.goodput.by_class import ClassRow, by_class
+from resiliency.goodput._by_class import ClassRow, by_class
+from resiliency.goodput._timeline import Timeline, build_timeline
 from resiliency.goodput.errors import GoodputError
 from resiliency.goodput.ledger import Ledger
-from resiliency.goodput.timeline import Timeline, build_timeline
 
 CATEGORIES = (
     "productive",

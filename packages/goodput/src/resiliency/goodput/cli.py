@@ -13,12 +13,12 @@ from pathlib import Path
 from types import FrameType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from resiliency.goodput._render import render_advice, render_live, render_text
 from resiliency.goodput._time import parse_duration
 from resiliency.goodput.advice import advise
 from resiliency.goodput.calculator import compute
 from resiliency.goodput.errors import GoodputError
 from resiliency.goodput.ledger import Ledger, LedgerReader, read_ledger
-from resiliency.goodput.render import render_advice, render_live, render_text
 
 PROGRESS_MIN_BYTES = 20 << 20  # ledgers larger than this show progress on stderr
 
@@ -149,7 +149,7 @@ def _report(args: argparse.Namespace) -> int:
                 f"nothing to plot: the ledger has no time span (fewer than two events); "
                 f"{args.plot} not written"
             )
-        from resiliency.goodput.plot import plot_report  # noqa: PLC0415 -- matplotlib is optional
+        from resiliency.goodput._plot import plot_report  # noqa: PLC0415 -- matplotlib is optional
 
         try:
             plot_report(report, ledger, args.plot)

@@ -4,7 +4,7 @@ A ledger is a directory of ``*.jsonl`` files (one per node) or a list of files. 
 validated against the schema; a malformed line, an unknown event type, a newer schema version
 or a truncated last line gives one warning naming the file and line, and the line is skipped.
 Events of every file are merged by wall time. Google Cloud Resiliency logs (lines with
-``event_type``) are recognised per file, read (`resiliency.goodput.google`) and converted once
+``event_type``) are recognised per file, read (`resiliency.goodput._google`) and converted once
 every file is read (`resiliency.goodput._google_cycles`): their per-node starts and ends make
 cycles only together.
 """
@@ -22,11 +22,11 @@ from datetime import timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
+from resiliency.goodput._google import GoogleLog
 from resiliency.goodput._google_cycles import convert
 from resiliency.goodput._step_scan import looks_like_steps, parallel_workers, scan, scan_all
 from resiliency.goodput._time import _minute_cache, parse_time
 from resiliency.goodput.errors import GoodputError
-from resiliency.goodput.google import GoogleLog
 from resiliency.goodput.schema import EVENT_TYPES, SCHEMA_VERSION, validate_event
 
 BLOCK_BYTES = 1 << 20

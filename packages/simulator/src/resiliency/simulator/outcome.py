@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from resiliency.goodput import Ledger
+from resiliency.simulator._steps_at_fault import step_at_fault
 from resiliency.simulator.runner import Injection
-from resiliency.simulator.steps_at_fault import step_at_fault
 
 __all__ = ["FaultOutcome", "format_table", "outcomes", "timeline_of"]
 

@@ -12,26 +12,26 @@ from dataclasses import replace
 from types import CodeType
 from typing import Any, ClassVar
 
-from resiliency.straggler.aggregate import decode_all, fill_scores
+from resiliency.straggler._aggregate import decode_all, fill_scores
+from resiliency.straggler._exchange import make_exchange
+from resiliency.straggler._gpu_backend import GpuBackend, select_gpu_backend
+from resiliency.straggler._payload import RankSummary, encode_summary
+from resiliency.straggler._schedule import ReportSchedule
+from resiliency.straggler._settings import (
+    NOT_SELECTED,
+    DetectorState,
+    check_profiling_interval,
+    check_report_interval,
+    check_scores,
+)
 from resiliency.straggler.errors import DetectorStateError, StragglerConfigError
-from resiliency.straggler.exchange import make_exchange
-from resiliency.straggler.gpu_backend import GpuBackend, select_gpu_backend
-from resiliency.straggler.payload import RankSummary, encode_summary
 from resiliency.straggler.report import Report, Thresholds
-from resiliency.straggler.schedule import ReportSchedule
 from resiliency.straggler.sections import (
     CpuSection,
     GpuSection,
     SectionSummary,
     SectionTimings,
     summarize,
-)
-from resiliency.straggler.settings import (
-    NOT_SELECTED,
-    DetectorState,
-    check_profiling_interval,
-    check_report_interval,
-    check_scores,
 )
 from resiliency.straggler.wrapping import CallableId, CallableWrapper
 

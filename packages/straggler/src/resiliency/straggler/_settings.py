@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
+from resiliency.straggler._exchange import TorchExchange
+from resiliency.straggler._schedule import ReportSchedule
+from resiliency.straggler._scoring import BestHistory
 from resiliency.straggler.errors import StragglerConfigError
-from resiliency.straggler.exchange import TorchExchange
 from resiliency.straggler.report import Thresholds
-from resiliency.straggler.schedule import ReportSchedule
-from resiliency.straggler.scoring import BestHistory
 from resiliency.straggler.sections import SectionTimings
 from resiliency.straggler.wrapping import CallableWrapper
 

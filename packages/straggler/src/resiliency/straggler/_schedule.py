@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from resiliency.straggler.exchange import Exchange
+from resiliency.straggler._exchange import Exchange
 
 __all__ = ["ReportSchedule"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from resiliency.straggler.cuda_timing import CudaEventTimer
-from resiliency.straggler.plugins import load_kernel_profiler
+from resiliency.straggler._cuda_timing import CudaEventTimer
+from resiliency.straggler._plugins import load_kernel_profiler
 from resiliency.straggler.profiler import KernelProfiler, KernelStats
 
 __all__ = ["GpuBackend", "PluginTimer", "select_gpu_backend"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from resiliency.straggler._payload import GatheredSummaries
+from resiliency.straggler._scoring import gpu_relative_scores, relative_scores_of_columns
 from resiliency.straggler.errors import ExchangeError
-from resiliency.straggler.payload import GatheredSummaries
 from resiliency.straggler.report import Report
-from resiliency.straggler.scoring import gpu_relative_scores, relative_scores_of_columns
 
 __all__ = ["decode_all", "fill_scores"]
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resiliency.goodput._timeline import Cycle
 from resiliency.goodput.ledger import Event
-from resiliency.goodput.timeline import Cycle
 
 #: The class of a failed cycle that has no ``diagnosis`` event.
 UNCLASSIFIED = "unclassified"

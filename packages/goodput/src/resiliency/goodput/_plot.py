@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from resiliency.goodput._render import LABELS
 from resiliency.goodput.calculator import CATEGORIES, Report
 from resiliency.goodput.errors import MissingDependencyError
 from resiliency.goodput.ledger import Ledger
-from resiliency.goodput.render import LABELS
 
 COLORS = {
     "productive": "#2ca02c",

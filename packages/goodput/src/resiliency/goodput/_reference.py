@@ -1,4 +1,4 @@
-"""``python -m resiliency.goodput.reference [docs/goodput.md]``: regenerate the schema reference."""
+"""``python -m resiliency.goodput._reference [docs/goodput.md]``: regenerate the reference."""
 
 from __future__ import annotations
 
