@@ -222,7 +222,7 @@ class FtElasticAgent(CompatAgent):
         workers' emergency handler saves nothing), and return once they are gone.
 
         A hung rank is left to its monitor's escalation first; the other ranks get SIGTERM,
-        then SIGKILL after ``--workers-stop-timeout``. The supervision loop goes on deciding.
+        then SIGKILL after ``--workers-stop-timeout``; the caller decides how the job goes on.
         """
         self._stop_workers(self.worker_group)
 
