@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,6 +90,26 @@ def _job_processes(job_id: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def _wait_until_gone(job_id: str, timeout_s: float = 60.0) -> None:
+    """Wait until no process of the job is left, or fail naming the ones that are.
+
+    A killed rank's checkpoint writer that is still importing torch (its package's imports run
+    before it can ask to die with its rank) notices the rank is gone only once they finish, up
+    to ~20 s later on a busy machine, and then exits by itself: the check waits for that.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (left := _job_processes(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    described = []
+    for pid in left:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            cmdline = "(gone)"
+        described.append(f"{pid}: {cmdline.strip()}")
+    assert not left, f"processes of the job still running after {timeout_s:.0f} s: {described}"
 
 
 @pytest.fixture
@@ -180,7 +201,7 @@ def _finished(run: Run, steps: int = STEPS) -> None:
     assert run.code == 0, f"job exit code {run.code}; log tail:\n{run.log[-4000:]}"
     assert f"finished {steps} steps" in run.log, run.log[-4000:]
     assert steps in _committed(run.ckpt_dir), _committed(run.ckpt_dir)
-    assert not _job_processes(run.job_id), "processes of the job are still running"
+    _wait_until_gone(run.job_id)
 
 
 @pytest.mark.parametrize("kind", ["kill", "crash", "hang", "hang_nogil", "stop"])
