@@ -268,6 +268,7 @@ OPTIONAL_DEPENDENCY_TESTS = (
     "tests/straggler/test_cuda_events_gpu.py",  # torch (and a GPU)
     "tests/straggler/test_exchange_device.py",  # ft-core
     "tests/straggler/test_gloo.py",  # torch
+    "tests/straggler/test_collective_wait.py",  # torch (DDP)
     "tests/straggler/test_history_heatmap.py",  # matplotlib
     "tests/compat/test_straggler.py",  # torch
     "tests/ft_core/test_cli_args.py",  # torch.distributed.run

@@ -4,6 +4,7 @@ Pure Python with no required dependency: torch is used only when the program has
 ``torch.distributed``, matplotlib only to render heatmaps. See ``docs/straggler.md``.
 """
 
+from resiliency.straggler.collective_wait import CollectiveWait
 from resiliency.straggler.detector import Detector
 from resiliency.straggler.errors import (
     DetectorStateError,
@@ -30,6 +31,7 @@ __all__ = [
     "API_VERSION",
     "ENTRY_POINT_GROUP",
     "CallableId",
+    "CollectiveWait",
     "Detector",
     "DetectorStateError",
     "ExchangeError",

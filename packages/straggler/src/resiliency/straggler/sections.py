@@ -132,6 +132,11 @@ class CpuSection:
         """The section name."""
         return self._timings.name
 
+    @property
+    def timings(self) -> SectionTimings:
+        """Where this section's durations go (other timers of the same section share it)."""
+        return self._timings
+
     def __enter__(self) -> None:
         t = self._timings
         tick = t.tick + 1
