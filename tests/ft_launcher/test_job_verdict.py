@@ -9,12 +9,19 @@ from typing import cast
 import pytest
 from round_store import RoundStores
 
+from resiliency.launcher import job_verdict
 from resiliency.launcher.cycle import Cycle
 from resiliency.launcher.diagnosis import HangDiagnosis
-from resiliency.launcher.job_verdict import JobHangExchange, decode_evidence, encode_evidence
+from resiliency.launcher.job_verdict import (
+    JobHangExchange,
+    decode_evidence,
+    decode_verdict,
+    encode_evidence,
+    encode_verdict,
+)
 from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.shared_state import SharedRoundState
-from resiliency.launcher.verdict import Frame, analyze_hang
+from resiliency.launcher.verdict import Frame, analyze_hang, judge_frames
 
 _ALL_REDUCE = (
     "Current thread 0x00007f48f25f4b80 (most recent call first):\n"
@@ -131,3 +138,42 @@ def test_malformed_evidence_is_dropped_and_logged(
         verdict = node0.judge()
     assert "dropped node 1's evidence" in caplog.text
     assert verdict.by_frame and verdict.culprits == ()
+
+
+def test_the_verdict_round_trips_and_a_malformed_one_is_refused() -> None:
+    verdict = judge_frames(
+        {0: Frame("/t/torch/distributed/c10d.py", 9, "all_reduce"), 1: None, 2: None},
+        {0: 0, 1: 1, 2: 1},
+        label="job-wide hang verdict",
+    )
+    back = decode_verdict(encode_verdict(verdict))
+    assert (back.by_frame, back.common_frame, back.culprits, back.no_dump, back.summary) == (
+        verdict.by_frame,
+        verdict.common_frame,
+        verdict.culprits,
+        verdict.no_dump,
+        verdict.summary,
+    )
+    assert back.nodes == {1: 1, 2: 1}  # the nodes of the ranks it names, not every rank's
+    for bad in ("[]", '{"by_frame": [[["a", "x", "f"], [0]]]}', "{"):
+        with pytest.raises(ValueError):
+            decode_verdict(bad)
+
+
+def test_without_node_0s_verdict_a_node_judges_the_evidence_itself(
+    round_stores: RoundStores, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(job_verdict, "VERDICT_SLACK_S", 0.2)
+    node1 = _exchange(round_stores, 1, wait_s=0.3)
+    node1.announce()
+    local = analyze_hang({1: None})
+    assert node1.contribute(_cycle(_Monitors(), {0: 1}), lambda: None, local=local, restart=0)
+    # node 0 published its evidence but never judges (its launcher died after publishing)
+    node0 = _exchange(round_stores, 0)
+    assert node0.contribute(
+        _cycle(_Monitors(), {0: 0}), lambda: None, local=analyze_hang({0: _ALL_REDUCE}), restart=0
+    )
+    with caplog.at_level(logging.WARNING, logger="resiliency.launcher.job_verdict"):
+        verdict = node1.judge()
+    assert "node 0's job-wide hang verdict" in caplog.text
+    assert verdict.culprits == (1,) and verdict.nodes[1] == 1

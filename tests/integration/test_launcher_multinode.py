@@ -146,6 +146,12 @@ def test_exclude_this_node_lets_the_other_node_go_on(two_nodes, marker_dir: Path
     assert len(markers(marker_dir, "done")) == 1
 
 
+# The healthy rank must never look hung: at 1.5 s (the harness's fast setting) a rank that got no
+# CPU for that long on a loaded 2-core machine did, and the verdict then named no culprit. The
+# faulted rank hangs for good, so a longer limit costs only a few seconds.
+_PATIENT_HEARTBEAT = ("--ft-rank-heartbeat-timeout", "6")
+
+
 @pytest.mark.parametrize("fault", ["stop", "gil_sleep"])
 def test_a_rank_stopped_on_one_node_is_named_job_wide(
     two_nodes, marker_dir: Path, tmp_path: Path, fault: str
@@ -153,7 +159,7 @@ def test_a_rank_stopped_on_one_node_is_named_job_wide(
     # Node B's rank stops (SIGSTOP: no stack dump) or sleeps in C holding the GIL while node
     # A's rank waits for it in all_reduce; each node alone sees only its own rank hung.
     worker = Path(WORKER).parent / "collective_hang_worker.py"
-    a, b = two_nodes("2", ["--fault", fault], worker=worker)
+    a, b = two_nodes("2", ["--fault", fault], *_PATIENT_HEARTBEAT, worker=worker)
     stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
     culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
     assert a.wait(60) == 0, a.log()
@@ -182,7 +188,9 @@ def test_a_node_blocked_in_a_read_is_the_diagnosed_culprit(
     # hang_io, and only node B (the culprit's node) records it.
     worker = Path(WORKER).parent / "collective_hang_worker.py"
     ledger = tmp_path / "ledger"
-    a, b = two_nodes("2", ["--fault", "read"], "--goodput-dir", str(ledger), worker=worker)
+    a, b = two_nodes(
+        "2", ["--fault", "read"], "--goodput-dir", str(ledger), *_PATIENT_HEARTBEAT, worker=worker
+    )
     stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
     culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
     assert a.wait(90) == 0, a.log()
