@@ -57,7 +57,7 @@ class CollectiveWait:
         try:
             # A lambda: torch checks a hook's annotations against its own classes, and this
             # module's are strings (postponed evaluation).
-            ddp.register_comm_hook(None, lambda state, bucket: self._hook(state, bucket))
+            ddp.register_comm_hook(None, lambda state, bucket: self._hook(state, bucket))  # noqa: PLW0108
         except RuntimeError as exc:  # torch allows one communication hook per module
             raise StragglerConfigError(
                 f"cannot time the DDP all-reduce: {exc}; CollectiveWait installs the default "
