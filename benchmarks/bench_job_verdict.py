@@ -32,8 +32,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from resiliency.launcher.job_verdict import JobHangExchange
-from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher._job_verdict import JobHangExchange
+from resiliency.launcher._shared_state import SharedRoundState
 from resiliency.launcher.verdict import Frame, judge_frames
 
 _ALL_REDUCE = Frame(

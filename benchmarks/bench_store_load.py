@@ -11,7 +11,7 @@ through an exit barrier, and the relay tells how many requests each node sent pe
   of the round's state every monitoring interval, and an exit barrier that polled the
   round's counters every 50 ms;
 * ``ft-launcher``: the current code: :class:`RoundWatcher` (one blocking pop per node) and
-  the blocking exit barrier of :mod:`resiliency.launcher.coordination`.
+  the blocking exit barrier of :mod:`resiliency.launcher._coordination`.
 
 A request is what a client sends between two answers of the store (a ``set`` followed by a
 ``get`` counts as one when the ``set`` is not answered); bytes are counted exactly.
@@ -44,9 +44,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from torch.distributed.elastic.utils import store as store_util
 
-from resiliency.launcher.coordination import exit_barrier
-from resiliency.launcher.round_watch import RoundWatcher
-from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher._coordination import exit_barrier
+from resiliency.launcher._round_watch import RoundWatcher
+from resiliency.launcher._shared_state import SharedRoundState
 
 SETUPS = ("torchrun", "ft-polling", "ft-launcher")
 _POLL_BARRIER_S = 0.05  # the old exit barrier's poll period

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ft_launcher"))
 
 from launcher_harness import Launcher
 
-from resiliency.launcher.preemption import Preemption
+from resiliency.launcher._preemption import Preemption
 
 TRIALS = 6
 LEAD = 2

@@ -52,7 +52,7 @@ def test_ft_launcher_stops_without_restarting_and_exits_2(
 
 def test_the_rank_and_the_launcher_agree_on_the_config_error_code() -> None:
     launcher_side = pytest.importorskip(
-        "resiliency.launcher.config_error",
+        "resiliency.launcher._config_error",
         reason="the launcher's side needs resiliency-ft-launcher",
     )
     assert launcher_side.CONFIG_ERROR_EXIT_CODE == CONFIG_ERROR_EXIT_CODE == 78  # EX_CONFIG

@@ -13,7 +13,7 @@ import resiliency.launcher
 
 PACKAGE = Path(resiliency.launcher.__file__).parent
 # The facade re-exports the agent; launch builds it and runs it.
-ALLOWED = {"__init__.py", "agent.py", "launch.py"}
+ALLOWED = {"__init__.py", "agent.py", "_launch.py"}
 
 
 def _imports_the_agent(path: Path) -> bool:
@@ -50,5 +50,5 @@ def test_the_check_sees_a_type_only_import(tmp_path: Path) -> None:
     assert _imports_the_agent(helper)
     helper.write_text("def f():\n    from .agent import _NodeLeaves\n")
     assert _imports_the_agent(helper)
-    helper.write_text("from resiliency.launcher.agent_settings import Outcome\n")
+    helper.write_text("from resiliency.launcher._agent_settings import Outcome\n")
     assert not _imports_the_agent(helper)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from launcher_harness import WORKER, alive, free_port
 
-import resiliency.launcher.launch as launch_module
+import resiliency.launcher._launch as launch_module
 from resiliency.launcher import main
-from resiliency.launcher.monitors import MonitorSet
+from resiliency.launcher._monitors import MonitorSet
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -76,7 +76,7 @@ def test_failed_agent_construction_leaves_nothing_behind(
         "--no-gpu-health-check",
         *(str(WORKER), "--marker-dir", str(marker_dir)),
     ]
-    with caplog.at_level(logging.ERROR, logger="resiliency.launcher.launch"):
+    with caplog.at_level(logging.ERROR, logger="resiliency.launcher._launch"):
         code = main(argv)
 
     # Reported like any launcher error: exit code 1, the cause in the log.

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from resiliency.launcher._failure_evidence import (
+    cycle_evidence,
+    oom_kill_count,
+    parse_error_message,
+)
 from resiliency.launcher.failure_classes import (
     RULES,
     CycleEvidence,
     FailureClass,
     RankEvidence,
     classify,
-)
-from resiliency.launcher.failure_evidence import (
-    cycle_evidence,
-    oom_kill_count,
-    parse_error_message,
 )
 from resiliency.launcher.verdict import Frame, judge_frames
 

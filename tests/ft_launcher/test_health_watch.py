@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from launcher_harness import alive
 
+from resiliency.launcher._health_watch import HealthWatch
 from resiliency.launcher.health import CommandHealthCheck, HealthResult
-from resiliency.launcher.health_watch import HealthWatch
 
 
 class _Check:
@@ -39,7 +39,7 @@ def test_failures_are_read_without_waiting_and_logged_once(caplog) -> None:
     state = {"ok": True}
     check = _Check("flaky", lambda: HealthResult("flaky", state["ok"], "detail"))
     watch = HealthWatch([check], interval_s=0.02)
-    with caplog.at_level(logging.INFO, logger="resiliency.launcher.health_watch"):
+    with caplog.at_level(logging.INFO, logger="resiliency.launcher._health_watch"):
         watch.start()
         try:
             _until(lambda: check.calls >= 3, 10, "three runs")

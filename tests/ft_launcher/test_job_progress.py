@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from resiliency.goodput import Recorder
-from resiliency.launcher.job_progress import highest_step
+from resiliency.launcher._job_progress import highest_step
 
 
 def test_no_ledger_is_no_progress_known(tmp_path: Path) -> None:

@@ -9,18 +9,18 @@ from typing import cast
 import pytest
 from round_store import RoundStores
 
-from resiliency.launcher import job_verdict
-from resiliency.launcher.cycle import Cycle
-from resiliency.launcher.diagnosis import HangDiagnosis
-from resiliency.launcher.job_verdict import (
+from resiliency.launcher import _job_verdict as job_verdict
+from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._diagnosis import HangDiagnosis
+from resiliency.launcher._job_verdict import (
     JobHangExchange,
     decode_evidence,
     decode_verdict,
     encode_evidence,
     encode_verdict,
 )
-from resiliency.launcher.monitors import MonitorSet
-from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher._monitors import MonitorSet
+from resiliency.launcher._shared_state import SharedRoundState
 from resiliency.launcher.verdict import Frame, analyze_hang, judge_frames
 
 _ALL_REDUCE = (
@@ -114,7 +114,7 @@ def test_a_silent_node_bounds_the_wait_and_is_logged(
     local = analyze_hang({0: _ALL_REDUCE})
     assert node0.contribute(_cycle(_Monitors(), {0: 0}), lambda: None, local=local, restart=0)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="resiliency.launcher.job_verdict"):
+    with caplog.at_level(logging.WARNING, logger="resiliency.launcher._job_verdict"):
         verdict = node0.judge()
     assert time.monotonic() - started < 5
     assert "no evidence from node(s) 1" in caplog.text
@@ -134,7 +134,7 @@ def test_malformed_evidence_is_dropped_and_logged(
     node0.announce()
     local = analyze_hang({0: _ALL_REDUCE})
     assert node0.contribute(_cycle(_Monitors(), {0: 0}), lambda: None, local=local, restart=0)
-    with caplog.at_level(logging.ERROR, logger="resiliency.launcher.job_verdict"):
+    with caplog.at_level(logging.ERROR, logger="resiliency.launcher._job_verdict"):
         verdict = node0.judge()
     assert "dropped node 1's evidence" in caplog.text
     assert verdict.by_frame and verdict.culprits == ()
@@ -173,7 +173,7 @@ def test_without_node_0s_verdict_a_node_judges_the_evidence_itself(
     assert node0.contribute(
         _cycle(_Monitors(), {0: 0}), lambda: None, local=analyze_hang({0: _ALL_REDUCE}), restart=0
     )
-    with caplog.at_level(logging.WARNING, logger="resiliency.launcher.job_verdict"):
+    with caplog.at_level(logging.WARNING, logger="resiliency.launcher._job_verdict"):
         verdict = node1.judge()
     assert "node 0's job-wide hang verdict" in caplog.text
     assert verdict.culprits == (1,) and verdict.nodes[1] == 1

@@ -8,9 +8,9 @@ import time
 import pytest
 from round_store import RoundStores
 
-from resiliency.launcher.coordination import exit_barrier
-from resiliency.launcher.round_watch import RoundWatcher
-from resiliency.launcher.shared_state import SharedRoundState, StoreWaitTimeoutError
+from resiliency.launcher._coordination import exit_barrier
+from resiliency.launcher._round_watch import RoundWatcher
+from resiliency.launcher._shared_state import SharedRoundState, StoreWaitTimeoutError
 
 
 def _node(stores: RoundStores, world: int, rank: int) -> SharedRoundState:

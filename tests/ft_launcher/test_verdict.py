@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from resiliency.launcher.diagnosis import culprit_cause
+from resiliency.launcher._diagnosis import culprit_cause
 from resiliency.launcher.verdict import (
     Frame,
     analyze_hang,

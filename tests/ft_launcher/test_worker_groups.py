@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from launcher_harness import alive
 
+from resiliency.launcher._worker_groups import WorkerProcessGroups
 from resiliency.launcher.agent import FtElasticAgent
-from resiliency.launcher.worker_groups import WorkerProcessGroups
 
 # A "worker" that leads its own session, starts a child in its group, writes the child's pid
 # and exits: the child is the leftover. ``ignore`` makes the child ignore SIGTERM. Markers are

@@ -21,7 +21,7 @@ import pytest
 from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
 from resiliency.ft import FAULT_HOOK_SIGNALS
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
-from resiliency.launcher.preemption import PREEMPTED_EXIT_CODE, Preemption
+from resiliency.launcher._preemption import PREEMPTED_EXIT_CODE, Preemption
 from resiliency.supervisor._ledger import LedgerTail
 
 # (what is agreed, one side "module:attribute", the other side "module:attribute")

@@ -11,7 +11,7 @@ import inspect
 
 from resiliency.goodput.schema import DECISIONS, EVENT_TYPES, FAILURE_CLASSES
 from resiliency.launcher import FailureClass
-from resiliency.launcher.goodput_events import GoodputEvents
+from resiliency.launcher._goodput_events import GoodputEvents
 from resiliency.launcher.stop_rules import Action
 
 

@@ -3,7 +3,7 @@
 A configuration error (a checkpoint directory the job cannot write, an auto-resume flag file
 nobody named) fails every restart the same way, so restarting only burns the allocation. A rank
 whose configuration error goes uncaught exits with ``CONFIG_ERROR_EXIT_CODE`` (78, ``EX_CONFIG``
-in ``sysexits.h``) instead of Python's 1; ft-launcher (``resiliency.launcher.config_error``, the
+in ``sysexits.h``) instead of Python's 1; ft-launcher (``resiliency.launcher._config_error``, the
 other side: neither imports the other) then stops the job without restarting it and exits 2
 (``USAGE``): the requeue script reads "fix the configuration", not "requeue".
 

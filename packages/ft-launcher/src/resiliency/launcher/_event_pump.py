@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 
 from resiliency.ft import FaultToleranceConfig, MonitorEvent, WorkloadAction
-from resiliency.launcher.cycle import Cycle
-from resiliency.launcher.goodput_events import GoodputEvents
-from resiliency.launcher.job_verdict import JobHangExchange
-from resiliency.launcher.monitors import MonitorSet
-from resiliency.launcher.startup_watch import StartupWatch
+from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._goodput_events import GoodputEvents
+from resiliency.launcher._job_verdict import JobHangExchange
+from resiliency.launcher._monitors import MonitorSet
+from resiliency.launcher._startup_watch import StartupWatch
 
 __all__ = ["EventPump"]
 

@@ -157,7 +157,7 @@ def run(request: dict[str, Any], server_fd: int) -> None:
             code = _exit_code(exc)
         except BaseException:
             # As a new interpreter does: the script's own hook (a configuration error's sets
-            # the exit code itself, see resiliency.launcher.config_error) prints it.
+            # the exit code itself, see resiliency.launcher._config_error) prints it.
             sys.excepthook(*sys.exc_info())
             code = 1
         main = threading.main_thread()

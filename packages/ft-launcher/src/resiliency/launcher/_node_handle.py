@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
-from resiliency.launcher.shared_state import SharedRoundState
+from resiliency.launcher._shared_state import SharedRoundState
 
 __all__ = ["NodeHandle", "stopped_result"]
 

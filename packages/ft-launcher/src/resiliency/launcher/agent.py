@@ -19,7 +19,16 @@ from torch.distributed import Store
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
 from resiliency.ft import MonitorEvent
+from resiliency.launcher._agent_settings import AgentSettings, Outcome
+from resiliency.launcher._config_error import config_error_failures, stop_on_config_error
+from resiliency.launcher._coordination import exit_barrier, failed_elsewhere, stand_by
+from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher._event_pump import EventPump
+from resiliency.launcher._failure_diagnosis import diagnose_cycle, stop_rules_for
+from resiliency.launcher._goodput_events import GoodputEvents
+from resiliency.launcher._health_watch import HealthWatch
+from resiliency.launcher._job_verdict import EVIDENCE_SLACK_S, JobHangExchange
 from resiliency.launcher._loop_state import (
     LoopState,
     group_state,
@@ -27,40 +36,31 @@ from resiliency.launcher._loop_state import (
     policy_state,
     result_for_torch,
 )
+from resiliency.launcher._monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher._node_handle import NodeHandle, stopped_result
-from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
-from resiliency.launcher.agent_settings import AgentSettings, Outcome
-from resiliency.launcher.config_error import config_error_failures, stop_on_config_error
-from resiliency.launcher.coordination import exit_barrier, failed_elsewhere, stand_by
-from resiliency.launcher.cycle import Cycle
-from resiliency.launcher.diagnosis import HangDiagnosis, culprit_cause
-from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.failure_diagnosis import diagnose_cycle, stop_rules_for
-from resiliency.launcher.goodput_events import GoodputEvents
-from resiliency.launcher.health import HealthResult, run_health_checks
-from resiliency.launcher.health_watch import HealthWatch
-from resiliency.launcher.job_verdict import EVIDENCE_SLACK_S, JobHangExchange
-from resiliency.launcher.monitors import MONITOR_SOCKET_ENV, MonitorSet
-from resiliency.launcher.options import FINISHED_FLAG_ENV
-from resiliency.launcher.policy import Decision, GroupObservation, LocalState
-from resiliency.launcher.preemption import (
+from resiliency.launcher._preemption import (
     env_for,
     is_preempted,
     launcher_stopping,
     mark_stop_after_a_failure,
     new_attempt,
 )
-from resiliency.launcher.round_watch import RoundWatcher
-from resiliency.launcher.shared_state import SharedRoundState
-from resiliency.launcher.startup_watch import StartupWatch
-from resiliency.launcher.supervision import NodeView, Supervision, SupervisorRequest
-from resiliency.launcher.verdict import HangVerdict
-from resiliency.launcher.worker_groups import WorkerProcessGroups
-from resiliency.launcher.workload_control import (
+from resiliency.launcher._round_watch import RoundWatcher
+from resiliency.launcher._shared_state import SharedRoundState
+from resiliency.launcher._startup_watch import StartupWatch
+from resiliency.launcher._supervision import NodeView, Supervision, SupervisorRequest
+from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
+from resiliency.launcher._worker_groups import WorkerProcessGroups
+from resiliency.launcher._workload_control import (
     exclude_this_node,
     follow_shutdown,
     shutdown_workload,
 )
+from resiliency.launcher.exit_codes import ExitCode
+from resiliency.launcher.health import HealthResult, run_health_checks
+from resiliency.launcher.options import FINISHED_FLAG_ENV
+from resiliency.launcher.policy import Decision, GroupObservation, LocalState
+from resiliency.launcher.verdict import HangVerdict
 
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 

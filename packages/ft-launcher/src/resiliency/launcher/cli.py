@@ -55,12 +55,12 @@ def _main(argv: Sequence[str] | None, early: ForkServer | None) -> int:
 def _parse_and_launch(argv: Sequence[str] | None, early: ForkServer | None) -> int:
     # The heavy imports (torch's launcher, pydantic) wait until the fork server is started.
     from resiliency.ft import FaultToleranceError, config_from_args  # noqa: PLC0415
+    from resiliency.launcher._launch import build_health_checks, launch  # noqa: PLC0415
+    from resiliency.launcher._monitors import MonitorSet  # noqa: PLC0415
+    from resiliency.launcher._supervision import check_supervision_args  # noqa: PLC0415
     from resiliency.launcher._torch_compat import check_torch_version  # noqa: PLC0415
     from resiliency.launcher.errors import LauncherError  # noqa: PLC0415
-    from resiliency.launcher.launch import build_health_checks, launch  # noqa: PLC0415
-    from resiliency.launcher.monitors import MonitorSet  # noqa: PLC0415
     from resiliency.launcher.options import LauncherOptions, build_parser  # noqa: PLC0415
-    from resiliency.launcher.supervision import check_supervision_args  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, stream=sys.stderr)
     parser = build_parser()

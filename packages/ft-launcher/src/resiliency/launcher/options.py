@@ -14,9 +14,9 @@ from torch.distributed.run import get_args_parser as torchrun_args_parser
 
 from resiliency.ft import add_ft_arguments
 from resiliency.launcher._contracts import FINISHED_FLAG_ENV
+from resiliency.launcher._supervision import add_supervision_arguments
 from resiliency.launcher.errors import LauncherConfigError
 from resiliency.launcher.policy import AnyFailedPolicy, MinHealthyPolicy
-from resiliency.launcher.supervision import add_supervision_arguments
 
 __all__ = ["LauncherOptions", "build_parser"]
 

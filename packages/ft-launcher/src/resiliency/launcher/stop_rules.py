@@ -8,7 +8,7 @@ The rules, tried in this order (each documented in docs/launcher.md, each config
    cycles (default 3, the name of NVIDIA's flag; 0: never) all have the same class, the same
    culprit ranks and the same cause (exception type and message, the hung frame, or the signal),
    and the job got no further in between: the highest step of its goodput ledger
-   (:mod:`~resiliency.launcher.job_progress`) is the same at each of these failures. Without a
+   (:mod:`~resiliency.launcher._job_progress`) is the same at each of these failures. Without a
    ledger that records steps, only failures that repeat by nature count (an exception, a
    configuration error, a NaN): a kill, an OOM kill or a hang that recurs cannot be told from
    one that recurs while training progresses. Stop, exit 6 (``DIAGNOSED_STOP``).

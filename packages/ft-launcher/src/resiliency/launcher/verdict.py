@@ -6,7 +6,7 @@ the collective) while the culprit is somewhere else (a stuck data loader, a dead
 ``sleep``), or gave no dump at all (stopped, stuck in the kernel, gone). This module is pure: text
 or frames in, verdict out. :func:`judge_frames` holds the rules over every rank's innermost frame,
 so one node's ranks (:func:`analyze_hang`) and the whole job's (the ranks of every node, see
-:mod:`resiliency.launcher.job_verdict`) are judged alike.
+:mod:`resiliency.launcher._job_verdict`) are judged alike.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 from resiliency.ft import MonitorEvent
+from resiliency.launcher._agent_settings import Outcome
 from resiliency.launcher._node_handle import NodeHandle
-from resiliency.launcher.agent_settings import Outcome
+from resiliency.launcher._shared_state import ACK_WAIT_SECONDS, StoreWaitTimeoutError
 from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.shared_state import ACK_WAIT_SECONDS, StoreWaitTimeoutError
 
 __all__ = ["exclude_this_node", "follow_shutdown", "shutdown_workload", "stop_the_job"]
 

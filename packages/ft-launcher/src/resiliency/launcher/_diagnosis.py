@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from resiliency.ft import MonitorEvent
-from resiliency.launcher.monitors import MonitorSet
+from resiliency.launcher._monitors import MonitorSet
 from resiliency.launcher.verdict import HangVerdict, analyze_hang
 
 __all__ = ["HangDiagnosis", "culprit_cause"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resiliency.ft import FaultToleranceConfig
+from resiliency.launcher._preemption import Preemption
 from resiliency.launcher.fork_server import ForkServer
 from resiliency.launcher.health import HealthCheck
 from resiliency.launcher.policy import RestartPolicy
-from resiliency.launcher.preemption import Preemption
 
 __all__ = ["AgentSettings", "Outcome"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from resiliency.launcher.monitors import MonitorSet
+from resiliency.launcher._monitors import MonitorSet
 
 __all__ = ["NOTICE_AFTER_S", "StartupWatch"]
 

@@ -1,6 +1,6 @@
 """What one restart cycle of a node's workers has seen so far.
 
-The agent fills it in; the job-wide hang verdict (:mod:`resiliency.launcher.job_verdict`) reads
+The agent fills it in; the job-wide hang verdict (:mod:`resiliency.launcher._job_verdict`) reads
 the cycle's ranks and asks its diagnosis for stacks.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import MonitorEvent
-from resiliency.launcher.diagnosis import HangDiagnosis
-from resiliency.launcher.failure_evidence import error_text, oom_kill_count, signal_name
+from resiliency.launcher._diagnosis import HangDiagnosis
+from resiliency.launcher._failure_evidence import error_text, oom_kill_count, signal_name
 from resiliency.launcher.verdict import HangVerdict
 
 __all__ = ["Cycle"]

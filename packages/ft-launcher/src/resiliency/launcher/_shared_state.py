@@ -3,7 +3,7 @@
 All keys live in the per-round namespace the rendezvous wrapper creates, so nothing leaks from one
 round into the next. Whoever changes a counter then pushes a wake-up into every node's queue
 (``ft/wake/<group rank>``), so a node learns about changes by *blocking* on its own queue
-(:class:`~resiliency.launcher.round_watch.RoundWatcher`) instead of polling the store: changes are
+(:class:`~resiliency.launcher._round_watch.RoundWatcher`) instead of polling the store: changes are
 rare (a failure, a shutdown request), so their cost, one push per node, is paid only then.
 Acknowledgements and the exit barrier are numbered keys too: whoever waits for them blocks in
 ``store.wait`` with a deadline, and the store answers when the last one arrives.

@@ -16,10 +16,10 @@ import logging
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from resiliency.launcher._agent_settings import Outcome
 from resiliency.launcher._node_handle import NodeHandle
-from resiliency.launcher.agent_settings import Outcome
+from resiliency.launcher._workload_control import stop_the_job
 from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.workload_control import stop_the_job
 
 __all__ = ["CONFIG_ERROR_EXIT_CODE", "config_error_failures", "stop_on_config_error"]
 

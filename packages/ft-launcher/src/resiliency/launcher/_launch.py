@@ -18,24 +18,24 @@ from torch.distributed.run import config_from_args as torchrun_config_from_args
 from torch.distributed.run import parse_min_max_nnodes
 
 from resiliency.ft import FaultToleranceConfig
+from resiliency.launcher._goodput_events import GoodputEvents
+from resiliency.launcher._monitors import MonitorSet
+from resiliency.launcher._preemption import Preemption, clean_up, is_preempted
+from resiliency.launcher._supervision import Supervision, start_supervision
 from resiliency.launcher._torch_compat import run_launch_agent
 from resiliency.launcher.agent import AgentSettings, FtElasticAgent, Outcome
 from resiliency.launcher.errors import ForkServerError
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.fork_server import ForkServer
-from resiliency.launcher.goodput_events import GoodputEvents
 from resiliency.launcher.health import (
     CallableHealthCheck,
     CommandHealthCheck,
     HealthCheck,
     NvmlGpuHealthCheck,
 )
-from resiliency.launcher.monitors import MonitorSet
 from resiliency.launcher.options import LauncherOptions
 from resiliency.launcher.policy import policy_from_name
-from resiliency.launcher.preemption import Preemption, clean_up, is_preempted
 from resiliency.launcher.rendezvous import FreshStoreRendezvousHandler
-from resiliency.launcher.supervision import Supervision, start_supervision
 
 __all__ = ["build_health_checks", "launch"]
 

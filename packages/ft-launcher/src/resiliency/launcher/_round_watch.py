@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from torch.distributed import QueueEmptyError, Store
 
-from resiliency.launcher.shared_state import RoundState, SharedRoundState
+from resiliency.launcher._shared_state import RoundState, SharedRoundState
 
 __all__ = ["FALLBACK_READ_INTERVAL", "WAIT_SLICE", "RoundWatcher"]
 

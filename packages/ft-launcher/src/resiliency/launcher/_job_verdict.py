@@ -15,7 +15,7 @@ frame to compare; only all the ranks together name the culprit. So on a hang cyc
    evidence but the judge: at 1,000 nodes that is a few KB per node instead of 1 MB). A node
    that sees no verdict in time (node 0 is gone or stuck) judges the evidence itself.
 
-The keys live in the round's store namespace (see :mod:`resiliency.launcher.shared_state`), so a
+The keys live in the round's store namespace (see :mod:`resiliency.launcher._shared_state`), so a
 later round never reads this one's evidence; one exchange per round (a restart is a new round).
 """
 
@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from resiliency.launcher.cycle import Cycle
-from resiliency.launcher.shared_state import SharedRoundState, StoreWaitTimeoutError, wait_keys
+from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._shared_state import SharedRoundState, StoreWaitTimeoutError, wait_keys
 from resiliency.launcher.verdict import Frame, HangVerdict, innermost_frame, judge_frames
 
 __all__ = [

@@ -8,17 +8,17 @@ from __future__ import annotations
 import logging
 import time
 
+from resiliency.launcher._agent_settings import Outcome
 from resiliency.launcher._node_handle import NodeHandle
-from resiliency.launcher.agent_settings import Outcome
-from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.round_watch import RoundWatcher
-from resiliency.launcher.shared_state import (
+from resiliency.launcher._round_watch import RoundWatcher
+from resiliency.launcher._shared_state import (
     ACK_WAIT_SECONDS,
     RoundState,
     SharedRoundState,
     StoreWaitTimeoutError,
 )
-from resiliency.launcher.workload_control import follow_shutdown
+from resiliency.launcher._workload_control import follow_shutdown
+from resiliency.launcher.exit_codes import ExitCode
 
 __all__ = ["STANDBY_WAKE_SECONDS", "exit_barrier", "failed_elsewhere", "stand_by"]
 

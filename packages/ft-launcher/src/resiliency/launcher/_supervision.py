@@ -30,7 +30,7 @@ from resiliency.launcher._contracts import NODE_ID_ENV
 from resiliency.launcher.errors import LauncherConfigError
 
 if TYPE_CHECKING:
-    from resiliency.launcher.monitors import MonitorSet
+    from resiliency.launcher._monitors import MonitorSet
 
 __all__ = [
     "NodeView",

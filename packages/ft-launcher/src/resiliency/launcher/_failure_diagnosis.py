@@ -1,7 +1,7 @@
 """One diagnosis per failed cycle: evidence, class, decision, the ledger's ``diagnosis`` event.
 
 The agent calls :func:`diagnose_cycle` when it closes a failed cycle. It gathers this node's
-evidence (:mod:`~resiliency.launcher.failure_evidence`), classifies it
+evidence (:mod:`~resiliency.launcher._failure_evidence`), classifies it
 (:mod:`~resiliency.launcher.failure_classes`), asks the stop rules
 (:mod:`~resiliency.launcher.stop_rules`), logs one ``diagnosis`` line, records the ``diagnosis``
 goodput event and carries out a stop or a restart without this node. A node diagnoses a cycle
@@ -20,16 +20,16 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from resiliency.ft import FaultToleranceConfig
+from resiliency.launcher._agent_settings import Outcome
+from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._failure_evidence import cycle_evidence, oom_kill_count
+from resiliency.launcher._goodput_events import GoodputEvents
+from resiliency.launcher._job_progress import highest_step
 from resiliency.launcher._node_handle import NodeHandle
-from resiliency.launcher.agent_settings import Outcome
-from resiliency.launcher.cycle import Cycle
+from resiliency.launcher._workload_control import stop_the_job
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.failure_classes import FailureClass, FailureVerdict, classify
-from resiliency.launcher.failure_evidence import cycle_evidence, oom_kill_count
-from resiliency.launcher.goodput_events import GoodputEvents
-from resiliency.launcher.job_progress import highest_step
 from resiliency.launcher.stop_rules import Action, StopDecision, StopRules
-from resiliency.launcher.workload_control import stop_the_job
 
 __all__ = ["CycleDiagnosis", "diagnose_cycle", "stop_rules_for"]
 
