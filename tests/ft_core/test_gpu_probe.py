@@ -6,30 +6,21 @@ set receives only the XIDs raised while it is registered, and device handles nev
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fake_nvml_module import load_fake_pynvml
 
 from resiliency.ft import CRITICAL_XIDS, GpuProbe, XidEvent
-
-FAKE = Path(__file__).parents[1] / "fake_nvml" / "pynvml.py"
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """A fresh fake ``pynvml`` with two healthy GPUs, imported by the probe as ``pynvml``."""
-    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "pynvml", module)  # before exec: its dataclasses need it
-    spec.loader.exec_module(module)
-    module.configure(2)
-    return module
+    return load_fake_pynvml(monkeypatch)
 
 
 def test_one_reference_and_one_event_set_per_gpu_from_open_to_close(nvml: ModuleType) -> None:

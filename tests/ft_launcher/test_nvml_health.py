@@ -6,7 +6,6 @@ The fake (tests/fake_nvml/pynvml.py) keeps real NVML's rules that matter here: c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -16,24 +15,16 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fake_nvml_module import FAKE_DIR, load_fake_pynvml
 from launcher_harness import WORKER
 
 from resiliency.launcher.health import CRITICAL_XIDS, NvmlGpuHealthCheck
-
-FAKE_DIR = Path(__file__).parents[1] / "fake_nvml"  # the one fake pynvml of the tests
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """A fresh fake ``pynvml`` with two healthy GPUs, imported by the check as ``pynvml``."""
-    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_DIR / "pynvml.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "pynvml", module)  # before exec: its dataclasses need it
-    spec.loader.exec_module(module)
-    module.configure(2)
-    return module
+    return load_fake_pynvml(monkeypatch)
 
 
 def test_healthy_gpus_pass_and_nvml_references_are_balanced(nvml: ModuleType) -> None:

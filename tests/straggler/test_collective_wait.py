@@ -4,15 +4,13 @@ net of the all-reduce wait names it (3 real gloo processes)."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+
+from ._rank_processes import free_port, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -23,40 +21,11 @@ WORKER = Path(__file__).with_name("_ddp_worker.py")
 DEADLINE_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp")
-    port = _free_port()
-    argv = [str(port), str(out), str(SLOW_RANK), str(DELAY_S)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(WORLD), *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(WORLD)
-    ]
-    logs = {}
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        for rank, proc in enumerate(procs):
-            output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            logs[rank] = output.decode(errors="replace")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-    failed = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
-    assert not failed, f"workers failed {failed}:\n" + "\n".join(
-        f"--- rank {r}\n{logs.get(r, '')[-3000:]}" for r in failed
-    )
+    argv = [str(free_port()), str(out), str(SLOW_RANK), str(DELAY_S)]
+    run_ranks(WORKER, WORLD, lambda rank: [str(rank), str(WORLD), *argv], DEADLINE_S)
     return json.loads((out / "report.json").read_text())
 
 

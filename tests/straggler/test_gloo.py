@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from ._fake_plugin import write_fake_plugin
+from ._rank_processes import free_port, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -23,45 +21,22 @@ WORKER = Path(__file__).with_name("_gloo_worker.py")
 DEADLINE_S = 120
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("gloo")
     plugin_dir = write_fake_plugin(tmp_path_factory.mktemp("plugin"))
-    port = _free_port()
+    port = free_port()
     pythonpath = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(WORLD), str(port), str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={
-                **os.environ,
-                "PYTHONPATH": pythonpath,
-                "FAKE_KERNEL_SCALE": "2.0" if rank == 3 else "1.0",
-            },
-        )
-        for rank in range(WORLD)
-    ]
-    logs = {}
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        for rank, proc in enumerate(procs):
-            output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            logs[rank] = output.decode(errors="replace")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-    failed = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
-    assert not failed, f"workers failed {failed}:\n" + "\n".join(
-        f"--- rank {r}\n{logs.get(r, '')[-3000:]}" for r in failed
+    run_ranks(
+        WORKER,
+        WORLD,
+        lambda rank: [str(rank), str(WORLD), str(port), str(out)],
+        DEADLINE_S,
+        env=lambda rank: {
+            **os.environ,
+            "PYTHONPATH": pythonpath,
+            "FAKE_KERNEL_SCALE": "2.0" if rank == 3 else "1.0",
+        },
     )
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)}
 
