@@ -22,7 +22,7 @@ from resiliency.ft import (
     add_ft_arguments,
     config_from_args,
 )
-from resiliency.ft.config_reference import render_config_reference
+from resiliency.ft._config_reference import render_config_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -404,7 +404,7 @@ def test_configuration_reference_is_up_to_date() -> None:
     doc = REPO_ROOT / "docs" / "configuration.md"
     assert doc.read_text(encoding="utf-8") == render_config_reference(), (
         "docs/configuration.md is stale; regenerate it with "
-        "`python -m resiliency.ft.config_reference docs/configuration.md`"
+        "`python -m resiliency.ft._config_reference docs/configuration.md`"
     )
 
 
