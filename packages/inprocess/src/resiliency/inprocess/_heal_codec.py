@@ -10,6 +10,7 @@ starting at a multiple of 16 bytes (a dtype view of the buffer needs its element
 
 from __future__ import annotations
 
+import ctypes
 import json
 import zlib
 from collections.abc import Mapping
@@ -27,9 +28,26 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def _crc_of(tensor: torch.Tensor, crc: int = 0) -> int:
+    """Update ``crc`` with a CPU tensor's bytes, read in place.
+
+    Through ctypes, not ``Tensor.numpy()``: torch's CPU wheel does not need NumPy, and this
+    package does not depend on it (without it ``numpy()`` raises "Numpy is not available").
+    """
+    flat = tensor.contiguous()  # kept alive until the CRC is taken
+    size = flat.numel() * flat.element_size()
+    return zlib.crc32((ctypes.c_char * size).from_address(flat.data_ptr()), crc)
+
+
+def _bytes_of(tensor: torch.Tensor) -> bytes:
+    """A copy of a CPU tensor's bytes (no NumPy, see :func:`_crc_of`)."""
+    flat = tensor.contiguous()
+    return ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
+
+
 def crc32(buffer: torch.Tensor) -> int:
     """CRC-32 of a CPU ``uint8`` tensor's bytes."""
-    return zlib.crc32(buffer.numpy().data) & 0xFFFFFFFF
+    return _crc_of(buffer) & 0xFFFFFFFF
 
 
 def digest(state: Mapping[str, Any]) -> tuple[int, int]:
@@ -47,7 +65,7 @@ def digest(state: Mapping[str, Any]) -> tuple[int, int]:
     for tensor in tensors:
         size = tensor.numel() * tensor.element_size()
         if size:
-            crc = zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy().data, crc)
+            crc = _crc_of(tensor, crc)
         crc = zlib.crc32(bytes(_aligned(size) - size), crc)
         length += _aligned(size)
     return crc & 0xFFFFFFFF, length
@@ -89,7 +107,7 @@ def unpack(buffer: torch.Tensor) -> dict[str, Any]:
     """
     try:
         length = int.from_bytes(bytes(buffer[:_LEN_BYTES].tolist()), "little")
-        header = json.loads(bytes(buffer[_LEN_BYTES : _LEN_BYTES + length].numpy()))
+        header = json.loads(_bytes_of(buffer[_LEN_BYTES : _LEN_BYTES + length]))
         decoder = _Decoder(buffer, _aligned(_LEN_BYTES + length))
         state = decoder.decode(header)
     except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError) as exc:
