@@ -101,7 +101,10 @@ def test_failure_on_one_node_restarts_both(two_nodes, marker_dir: Path):
     assert b.wait(60) == 0, b.log()
     assert "restarting the worker group (rank" in b.log()  # the failed node restarts ...
     assert "re-forming the worker group: 1 node(s) failed" in a.log()  # ... the healthy follows
-    assert len(markers(marker_dir, "start")) == 4  # two ranks, started twice each
+    # Both ranks start again in attempt 1. Not "each started twice": on a busy machine node B's
+    # rank can crash before node A's first rank started at all (seen at load ~6: 3 starts).
+    restarted = {m.split("-")[1] for m in markers(marker_dir, "start") if m.split("-")[2] == "1"}
+    assert restarted == {"0", "1"}, markers(marker_dir, "start")
     assert len(markers(marker_dir, "done")) == 2
 
 
