@@ -101,10 +101,13 @@ def test_failure_on_one_node_restarts_both(two_nodes, marker_dir: Path):
     assert b.wait(60) == 0, b.log()
     assert "restarting the worker group (rank" in b.log()  # the failed node restarts ...
     assert "re-forming the worker group: 1 node(s) failed" in a.log()  # ... the healthy follows
-    # Both ranks start again in attempt 1. Not "each started twice": on a busy machine node B's
-    # rank can crash before node A's first rank started at all (seen at load ~6: 3 starts).
-    restarted = {m.split("-")[1] for m in markers(marker_dir, "start") if m.split("-")[2] == "1"}
-    assert restarted == {"0", "1"}, markers(marker_dir, "start")
+    # Markers are start-<rank>-<the node's restart count>-<pid>. The failed node's rank starts
+    # again in attempt 1; the healthy node re-forms without a restart of its own. Not "each rank
+    # started twice": on a busy machine node B's rank can crash before node A's first rank has
+    # started at all (seen at load ~6: 3 start markers).
+    starts = markers(marker_dir, "start")
+    assert {m.split("-")[1] for m in starts} == {"0", "1"}, starts
+    assert any(m.split("-")[2] == "1" for m in starts), starts
     assert len(markers(marker_dir, "done")) == 2
 
 
