@@ -117,13 +117,9 @@ class _NetSection:
         self._starts: list[tuple[int, int]] = []
 
     def __enter__(self) -> None:
-        t = self._timings
-        tick = t.tick + 1
-        if tick >= t.interval:
-            t.tick = 0
+        if self._timings.take_sample():
             self._starts.append((self._clock(), self._wait.blocked_ns))
         else:
-            t.tick = tick
             self._starts.append((_SKIPPED, 0))
 
     def __exit__(

@@ -77,6 +77,19 @@ class SectionTimings:
         self.ring[count % self.capacity] = duration_ns
         self.count = count + 1
 
+    def take_sample(self) -> bool:
+        """Count one entry; True when ``profiling_interval`` says to time it.
+
+        The section context managers inline this (their enter is the hot path); timers off the
+        hot path, such as the net-of-collective-wait section, call it.
+        """
+        tick = self.tick + 1
+        if tick >= self.interval:
+            self.tick = 0
+            return True
+        self.tick = tick
+        return False
+
     def drain(self) -> tuple[int, list[int]]:
         """Return ``(entries_timed, retained_durations_ns)`` and start a new window."""
         count = self.count
