@@ -46,6 +46,11 @@ def main() -> int:
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--max-steps", type=int, required=True)
     p.add_argument("--persistent", default=None, help="URL (default: <work-dir>/persistent)")
+    p.add_argument(
+        "--no-final-save",
+        action="store_true",
+        help="save_on_train_end=False: the last step stays where the cadence put it",
+    )
     args = p.parse_args()
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s: %(message)s")
@@ -56,6 +61,7 @@ def main() -> int:
         persistent_ckpt_interval=5,
         node=rank,
         replication_timeout_s=60,
+        save_on_train_end=not args.no_final_save,
     )
     trainer = Trainer(
         accelerator="cpu",

@@ -56,7 +56,8 @@ def test_bad_interval_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_resume_from_a_peer_replica_after_a_node_lost_its_local_dir(tmp_path: Path) -> None:
-    first = _fit(tmp_path, 8)
+    # No final save: step 8 exists only on the local tier (its cadence), step 5 is persistent.
+    first = _fit(tmp_path, 8, "--no-final-save")
     assert first["resumed_from"] is None and first["global_step"] == 8
     assert sorted(p.name for p in (tmp_path / "persistent").glob("step_*")) == ["step_000000005"]
     assert sorted(p.name for p in (tmp_path / "node0" / "step_000000008").iterdir()) == [
@@ -67,6 +68,11 @@ def test_resume_from_a_peer_replica_after_a_node_lost_its_local_dir(tmp_path: Pa
     second = _fit(tmp_path, 10)
     assert second["resumed_from"] == 8  # the local step (via node 0's replica), not persistent 5
     assert second["global_step"] == 10
+    # Step 10 is due on both tiers.
+    assert sorted(p.name for p in (tmp_path / "persistent").glob("step_*")) == [
+        "step_000000005",
+        "step_000000010",
+    ]
 
 
 @pytest.mark.allow_leak("thread", "socket", reason="fsspec's process-wide event loop (s3fs)")
@@ -77,7 +83,7 @@ def test_resume_from_an_object_store_after_every_local_dir_is_lost(
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         url = f"s3://{BUCKET}/ptl"
-        first = _fit(tmp_path, 8, "--persistent", url)
+        first = _fit(tmp_path, 8, "--persistent", url, "--no-final-save")
         assert first["resumed_from"] is None and first["global_step"] == 8
         committed = filesystem(env).glob(f"{BUCKET}/ptl/step_*/manifest.json")
         assert [p.split("/")[-2] for p in committed] == ["step_000000005"]

@@ -228,10 +228,10 @@ class DistributedCheckpointCallback(CallbackBase):
             callback._note_checkpoint_save()
         self._last_saved = step
 
-    def _save(self, trainer: Any, step: int) -> None:
+    def _save(self, trainer: Any, step: int, tier: str | None = None) -> None:
         self._begin_save(trainer, step)
         started = time.monotonic()
-        self._pending = (self.manager.save(step, self.state), started)
+        self._pending = (self.manager.save(step, self.state, tier=tier), started)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Save the last step (if asked and new) and wait until it is durable (collective)."""
