@@ -53,6 +53,14 @@ class Run:
         return [r for r in self.records if r["event"] == "start" and r["iteration"] == iteration]
 
 
+def read_records(out: Path) -> list[dict]:
+    """Every rank's records in ``out`` (``rank<initial>.jsonl``, appended by each process)."""
+    records = []
+    for path in sorted(out.glob("rank*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return records
+
+
 class Torchrun:
     """One ``python -m torch.distributed.run`` in its own session, killed by pid at teardown."""
 
@@ -105,10 +113,7 @@ class Torchrun:
                 raise AssertionError(
                     f"torchrun did not end in {timeout} s:\n{text[-8000:]}"
                 ) from None
-        records = []
-        for path in sorted(out.glob("rank*.jsonl")):
-            records += [json.loads(line) for line in path.read_text().splitlines() if line]
-        return Run(code, log.read_text(errors="replace"), records)
+        return Run(code, log.read_text(errors="replace"), read_records(out))
 
     def kill(self) -> None:
         for proc in self.procs:

@@ -97,3 +97,11 @@ def test_rank_assignment_helpers_reject_bad_sizes() -> None:
 def test_compose_rejects_what_is_not_callable() -> None:
     with pytest.raises(ConfigError, match="not callable"):
         inprocess.Compose(inprocess.health_check.FaultCounter(), 3)
+
+
+def test_the_repeated_fault_limit_defaults_to_three_and_can_be_turned_off() -> None:
+    assert inprocess.Wrapper().max_repeated_faults == 3
+    assert inprocess.Wrapper(max_repeated_faults=None).max_repeated_faults is None
+    for bad in (-1, 2.5, "3", True):
+        with pytest.raises(ConfigError, match=r"max_repeated_faults=.*whole number"):
+            inprocess.Wrapper(max_repeated_faults=bad)

@@ -12,6 +12,16 @@ Faults (only in the iteration given, so the restart is clean):
   --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
+  --kill R@N         rank R SIGKILLs itself at the start of step N (first launcher attempt
+                     only); under ft-launcher --ft-inprocess-respawn it is respawned alone
+  --respawn-delay S  a respawned process sleeps S seconds before it enters the Wrapper
+
+Repeated faults (the stop rule, ``Wrapper(max_repeated_faults=...)``):
+  --value-error R@N        rank R raises the same ValueError at the start of step N in every
+                           iteration (a deterministic fault)
+  --value-error R@N1,N2,.. the same ValueError at step N1 in iteration 0, N2 in iteration 1, ...
+  --ping                   call CallWrapper.ping() after every step (progress the rule sees)
+  --max-repeated K         Wrapper(max_repeated_faults=K); 0 for None (no limit)
 
 Healing (``--heal``): a ``Healer`` holds the model and the optimizer; every iteration heals
 before DDP is built and records a ``heal`` line, and the optimizer step is ``Healer.updating``.
@@ -44,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from resiliency import inprocess
 from resiliency.goodput import get_recorder
+from resiliency.inprocess._launcher_contract import REJOIN_FILE_ENV
 from resiliency.inprocess.state import FrozenState
 
 INITIAL_RANK = int(os.environ["RANK"])
@@ -82,14 +93,26 @@ class Job:
         self.raises = parse_faults(args.raise_)
         self.hangs = parse_faults(args.hang)
         self.masked = parse_faults(args.hang_masked)
+        self.kills = parse_faults(args.kill)
+        self.value_errors = {
+            int(rank): [int(n) for n in at.split(",")]
+            for rank, _, at in (v.partition("@") for v in args.value_error)
+        }
 
     def record(self, **fields: object) -> None:
         with self.out.open("a") as f:
             f.write(json.dumps({"rank": INITIAL_RANK, "pid": os.getpid(), **fields}) + "\n")
 
     def fault(self, iteration: int) -> None:
+        steps = self.value_errors.get(INITIAL_RANK, [])
+        at = steps[0] if len(steps) == 1 else steps[iteration] if iteration < len(steps) else None
+        if at == self.step:
+            raise ValueError(f"injected repeated fault on rank {INITIAL_RANK}")
         if iteration != 0:
             return
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and self.kills.get(INITIAL_RANK) == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.raises.get(INITIAL_RANK) == self.step:
             raise RuntimeError(f"injected fault on rank {INITIAL_RANK} at step {self.step}")
         if self.hangs.get(INITIAL_RANK) == self.step:
@@ -160,6 +183,8 @@ class Job:
             get_recorder().step(self.step)
             self.record(event="step", iteration=iteration, step=self.step)
             self.record(event="params", step=self.step, params=params(self.model))
+            if self.args.ping:
+                call_wrapper.ping()
             time.sleep(self.args.step_time)
         dist.barrier()
         dist.destroy_process_group()
@@ -196,6 +221,11 @@ def main() -> int:
     parser.add_argument("--hang-masked", action="append", default=[])
     parser.add_argument("--init-raise", action="append", default=[])
     parser.add_argument("--unhealthy", type=int, action="append", default=[])
+    parser.add_argument("--value-error", action="append", default=[])
+    parser.add_argument("--ping", action="store_true")
+    parser.add_argument("--kill", action="append", default=[])
+    parser.add_argument("--respawn-delay", type=float, default=0.0)
+    parser.add_argument("--max-repeated", type=int, default=3)
     parser.add_argument("--heal", action="store_true")
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--raise-mid-update", action="append", default=[])
@@ -207,6 +237,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.log_info:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if os.environ.get(REJOIN_FILE_ENV):
+        time.sleep(args.respawn_delay)  # a respawned process that is slow to join
     job = Job(args)
     wrapper = inprocess.Wrapper(
         initialize=InitRaise(parse_faults(args.init_raise)),
@@ -219,6 +251,7 @@ def main() -> int:
         barrier_timeout=timedelta(seconds=args.hard + 60),
         completion_timeout=timedelta(seconds=120),
         termination_grace_time=timedelta(seconds=2),
+        max_repeated_faults=args.max_repeated or None,
     )
     final = wrapper(job.train)()
     job.record(event="done", step=job.step, params=final)

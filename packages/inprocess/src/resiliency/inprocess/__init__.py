@@ -14,7 +14,12 @@ from resiliency.inprocess import (
     state,
 )
 from resiliency.inprocess.compose import Compose
-from resiliency.inprocess.exception import HealError, InternalError, RestartError
+from resiliency.inprocess.exception import (
+    HealError,
+    InternalError,
+    RepeatedFaultError,
+    RestartError,
+)
 from resiliency.inprocess.heal import Healer, HealResult
 from resiliency.inprocess.wrap import CallWrapper, Wrapper
 
@@ -25,6 +30,7 @@ __all__ = [
     "HealResult",
     "Healer",
     "InternalError",
+    "RepeatedFaultError",
     "RestartError",
     "Wrapper",
     "abort",

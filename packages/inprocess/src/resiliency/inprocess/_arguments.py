@@ -102,6 +102,21 @@ def check_callback(name: str, value: Any, base: type, *, optional: bool = True) 
         )
 
 
+def check_repeat_limit(value: Any) -> None:
+    """Check ``max_repeated_faults``: a positive int, or None / 0 (no limit).
+
+    Raises:
+        ConfigError: another type, or a negative number.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"Wrapper(max_repeated_faults={value!r}): expected a whole number of attempts "
+            "(default 3), or None to restart a repeated fault without limit"
+        )
+
+
 def check_store_kwargs(store_kwargs: dict[str, Any] | None, custom_factory: bool) -> None:
     """Check the keyword arguments of the built-in store (anything goes for a custom factory).
 

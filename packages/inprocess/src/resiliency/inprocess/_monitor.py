@@ -114,7 +114,12 @@ class Monitor(threading.Thread):
                 f"no progress for {stalled:.1f} s (soft_timeout {self.timeouts['soft']:g} s); "
                 f"main thread at {where}"
             )
-            record = {"kind": "soft_timeout", "reason": reason, "timeout_s": self.timeouts["soft"]}
+            record = {
+                "kind": "soft_timeout",
+                "reason": reason,
+                "where": where,
+                "timeout_s": self.timeouts["soft"],
+            }
             self.store.report_fault(it, self.state.initial_rank, record)
             self._trigger(reason)
             return

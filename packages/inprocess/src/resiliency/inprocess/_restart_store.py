@@ -7,6 +7,7 @@ named by their *initial* rank (stable for the process's life); an iteration's ke
 ``hb/<initial>``            heartbeat counter, bumped every ``heartbeat_interval``
 ``terminated``              ``"<initial>,"`` appended for every rank that left the job
 ``terminated/<initial>``    JSON: why it left
+``current``                 the newest iteration a rank entered (a respawned process joins it)
 
 Per iteration ``n``:
 
@@ -15,19 +16,23 @@ Per iteration ``n``:
 ``n/arrived``               ``"<initial>,"`` appended by each rank at the restart barrier
 ``n/decided``               the agreed survivors (first writer wins, ``compare_set``)
 ``n/completed``             counter of ranks whose function returned
+``n/progress``              counter of progress marks (``ping()``, completed ``atomic()`` blocks)
+``n/rank/<initial>``        the rank this initial rank had in iteration ``n``
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from resiliency.inprocess.exception import InternalError
+from resiliency.inprocess.exception import ConfigError, InternalError
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +121,35 @@ class RestartStore:
         agreed = self.store.compare_set(key, "", proposal)
         return _int_list(agreed)
 
+    def enter(self, iteration: int, initial: int, rank: int) -> None:
+        """Record that ``initial`` runs ``iteration`` as ``rank`` (the job's newest iteration)."""
+        self.store.set(f"{iteration}/rank/{initial}", str(rank))
+        self.store.set("current", str(iteration))
+
+    def current(self) -> int | None:
+        """The newest iteration a rank entered; None before the first call."""
+        if not self.store.check(["current"]):
+            return None
+        return int(self.store.get("current"))
+
+    def rank_in(self, iteration: int, initial: int) -> int | None:
+        """The rank ``initial`` had in ``iteration`` (None if it never entered it)."""
+        key = f"{iteration}/rank/{initial}"
+        return int(self.store.get(key)) if self.store.check([key]) else None
+
+    def decided(self, iteration: int) -> list[int] | None:
+        """The agreed survivors of ``iteration``'s restart barrier (None while undecided)."""
+        key = f"{iteration}/decided"
+        return _int_list(self.store.get(key)) if self.store.check([key]) else None
+
+    def add_progress(self, iteration: int, marks: int) -> None:
+        """Add this rank's progress marks of ``iteration`` (before its restart barrier)."""
+        self.store.add(f"{iteration}/progress", marks)
+
+    def progress(self, iteration: int) -> int:
+        """Progress marks of every rank in ``iteration``."""
+        return self._count(f"{iteration}/progress")
+
     def complete(self, iteration: int) -> None:
         """Record that this rank's function returned in ``iteration``."""
         self.store.add(f"{iteration}/completed", 1)
@@ -150,3 +184,47 @@ def connect(
             f"{timeout.total_seconds():g} s ({exc}); set store_kwargs={{'port': ...}} to a free "
             "port reachable from every node, or check that rank 0 is alive"
         ) from exc
+
+
+def open_store(
+    factory: Callable[..., dist.Store] | None,
+    kwargs: dict[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    timeout: float,
+) -> tuple[dist.Store, set[int], bool]:
+    """Open the wrapper's store: the user's ``store_factory(**kwargs)``, else a TCPStore hosted
+    by rank 0 at ``MASTER_ADDR:MASTER_PORT+1`` (NVRx's choice).
+
+    Returns:
+        The store, the ports its connections use (their sockets survive an abort), and whether
+        this rank hosts it.
+
+    Raises:
+        ConfigError: no port is known.
+        InternalError: the store could not be reached or bound.
+    """
+    if factory is not None:
+        store = factory(**kwargs)
+        port = getattr(store, "port", None)
+        return store, {port} if isinstance(port, int) else set(), False
+    host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    if "port" in kwargs:
+        port = int(kwargs["port"])
+    elif os.environ.get("MASTER_PORT", "").isdigit():
+        port = int(os.environ["MASTER_PORT"]) + 1
+    else:
+        raise ConfigError(
+            "resiliency.inprocess: MASTER_PORT is not set: pass store_kwargs={'port': ...} "
+            "or start the job with torchrun"
+        )
+    hosting = rank == 0
+    store = connect(
+        host,
+        port,
+        is_master=hosting,
+        world_size=world_size,
+        timeout=kwargs.get("timeout", timedelta(seconds=timeout)),
+    )
+    return store, {port}, hosting

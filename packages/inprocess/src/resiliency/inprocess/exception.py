@@ -28,6 +28,11 @@ class TimeoutError(RestartError):  # NVRx's name, kept for drop-in imports
     """A wait of the restart machinery passed its deadline (barrier, completion, finalize)."""
 
 
+class RepeatedFaultError(RestartError):
+    """The same fault, on the same ranks, ended ``max_repeated_faults`` attempts in a row with no
+    progress in between: restarting again would meet it again. Raised on every rank."""
+
+
 class RestartAbort(BaseException):
     """Raised by user code or a callback: stop restarting, on this rank, at once."""
 

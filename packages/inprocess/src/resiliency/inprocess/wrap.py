@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import inspect
 import logging
-import os
 import threading
 import time
-import traceback
 import typing
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -24,20 +21,22 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from resiliency.inprocess import _arguments, _barriers, _gloo_sockets, _torch_compat
+from resiliency.inprocess import _arguments, _barriers, _gloo_sockets, _stop_rule, _torch_compat
+from resiliency.inprocess._failed_call import is_collective_error, release
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
 from resiliency.inprocess._monitor import Monitor
 from resiliency.inprocess._progress import Progress
 from resiliency.inprocess._restart_report import RestartTimes, report_restart
-from resiliency.inprocess._restart_store import RestartStore, connect
+from resiliency.inprocess._restart_store import RestartStore, open_store
 from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_baseline
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
     ConfigError,
     HealthCheckError,
     RankShouldRestart,
+    RepeatedFaultError,
     RestartAbort,
     RestartError,
 )
@@ -57,8 +56,6 @@ log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Seconds the main thread sleeps (GIL released) before freeing a failed call's objects.
-_DRAIN_S = 0.05
 _TERMINAL = (RestartAbort, KeyboardInterrupt, SystemExit, RestartError)
 
 
@@ -92,6 +89,9 @@ class Wrapper:
         termination_grace_time: between SIGTERM and SIGKILL of a terminated rank.
         monitor_process_logfile: accepted with a warning (no monitor process yet).
         enabled: False returns the function unwrapped.
+        max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
+            attempts in a row fail with the same cause on the same ranks and no progress
+            (``ping()``, a completed ``atomic()``) in between; None or 0: never (NVRx's way).
 
     Raises:
         ConfigError: a wrong type, an unknown argument, or timeouts out of order.
@@ -120,6 +120,7 @@ class Wrapper:
         termination_grace_time: timedelta = timedelta(seconds=5),
         monitor_process_logfile: str | None = None,
         enabled: bool = True,
+        max_repeated_faults: int | None = 3,
         **unknown: Any,
     ) -> None:
         values = dict(locals())
@@ -135,6 +136,7 @@ class Wrapper:
         _arguments.check_callback("rank_assignment", rank_assignment, RankAssignment)
         if not isinstance(enabled, bool):
             raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
+        _arguments.check_repeat_limit(max_repeated_faults)
         if monitor_process_logfile is not None:
             log.warning(
                 "Wrapper(monitor_process_logfile=%r) has no effect: this wrapper runs no "
@@ -150,6 +152,7 @@ class Wrapper:
         self.rank_assignment = rank_assignment or Compose(ActivateAllRanks(), ShiftRanks())
         self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
         self.enabled = enabled
+        self.max_repeated_faults = max_repeated_faults
 
     def __call__(self, fn: F) -> F:
         """Wrap ``fn``; each call of the result runs the restart loop around it."""
@@ -162,14 +165,6 @@ class Wrapper:
                 return call_wrapper(fn, args, kwargs)
 
         return typing.cast(F, wrapped)
-
-
-def _is_collective_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective that failed because a peer's connection went away."""
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("gloo" in text or "Connection closed" in text)
 
 
 def _wants_call_wrapper(fn: Callable[..., Any]) -> list[str]:
@@ -213,9 +208,16 @@ class CallWrapper:
         self.interrupter = Interrupter()
         self._heartbeat: Heartbeat | None = None
         self._members = list(range(self.state.world_size))
+        self._marks = 0  # progress marks of this iteration: ping() and completed atomic()
         self._hosting = False
         try:
-            raw, self._store_ports = self._open_store()
+            raw, self._store_ports, self._hosting = open_store(
+                wrapper.store_factory,
+                wrapper.store_kwargs,
+                rank=self.state.rank,
+                world_size=self.state.world_size,
+                timeout=self.timeouts["barrier_timeout"],
+            )
             self.store = RestartStore(raw)
             self._raw_store = raw
             self._heartbeat = Heartbeat(
@@ -228,34 +230,6 @@ class CallWrapper:
         except BaseException:
             self._shutdown()
             raise
-
-    def _open_store(self) -> tuple[dist.Store, set[int]]:
-        wrapper = self.wrapper
-        if wrapper.store_factory is not None:
-            store = wrapper.store_factory(**wrapper.store_kwargs)
-            port = getattr(store, "port", None)
-            return store, {port} if isinstance(port, int) else set()
-        kwargs = wrapper.store_kwargs
-        host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        if "port" in kwargs:
-            port = int(kwargs["port"])
-        elif os.environ.get("MASTER_PORT", "").isdigit():
-            port = int(os.environ["MASTER_PORT"]) + 1
-        else:
-            raise ConfigError(
-                "resiliency.inprocess: MASTER_PORT is not set: pass store_kwargs={'port': ...} "
-                "or start the job with torchrun"
-            )
-        timeout = kwargs.get("timeout", timedelta(seconds=self.timeouts["barrier_timeout"]))
-        self._hosting = self.state.rank == 0
-        store = connect(
-            host,
-            port,
-            is_master=self._hosting,
-            world_size=self.state.world_size,
-            timeout=timeout,
-        )
-        return store, {port}
 
     def __enter__(self) -> CallWrapper:
         return self
@@ -286,14 +260,17 @@ class CallWrapper:
         return self.state.iteration
 
     def ping(self) -> None:
-        """Report progress: the soft and hard timeouts count from the latest ping."""
+        """Report progress: the soft and hard timeouts count from the latest ping, and the stop
+        rule (``max_repeated_faults``) counts an attempt that pinged as one that progressed."""
         self.progress.ping()
+        self._marks += 1
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         """A block the abort never runs in the middle of (e.g. an optimizer step)."""
         with self.atomic_lock:
             yield
+            self._marks += 1  # a completed block is progress (the stop rule)
 
     def __call__(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -318,9 +295,10 @@ class CallWrapper:
     ) -> tuple[BaseException | None, Any]:
         state = self.state
         store = self.store
-        store.store.set(f"{state.iteration}/rank/{state.initial_rank}", str(state.rank))
+        store.enter(state.iteration, state.initial_rank, state.rank)
         peers = [r for r in self._members if r != state.initial_rank]
         self.progress.reset()
+        self._marks = 0
         # Whatever the abort callback did, the new groups must be named alike on every rank.
         _torch_compat.reset_group_names()
         set_socket_baseline(_gloo_sockets.snapshot(), self._store_ports)
@@ -399,20 +377,6 @@ class CallWrapper:
         except Exception as store_exc:
             log.error("rank %d: could not record leaving: %s", self.state.rank, store_exc)
 
-    @staticmethod
-    def _release(exc: BaseException) -> None:
-        """Free what the failed call's frames hold (its DDP model, its process group).
-
-        Not earlier: gloo's worker threads finish the aborted work and then need the GIL; a
-        process group destroyed while one of them does deadlocks (torch 2.13: its destructor
-        joins the thread with the GIL held). By the end of the barrier they are idle; the
-        short sleep covers a barrier that all ranks passed at once.
-        """
-        time.sleep(_DRAIN_S)
-        traceback.clear_frames(exc.__traceback__)
-        while gc.collect():
-            pass
-
     def _restart(self, exc: BaseException) -> None:
         state = self.state
         store = self.store
@@ -423,7 +387,7 @@ class CallWrapper:
             isinstance(exc, RankShouldRestart)
             or monitor.aborted.is_set()
             # A collective that failed after a peer's reported fault is that fault's echo.
-            or (_is_collective_error(exc) and store.fault_count(it) > 0)
+            or (is_collective_error(exc) and store.fault_count(it) > 0)
         )
         if own:
             reason = f"{type(exc).__name__}: {exc}"
@@ -466,6 +430,7 @@ class CallWrapper:
             self._leave_job(terminal)
             raise
         checked = time.monotonic()
+        store.add_progress(it, self._marks)
         survivors = _barriers.restart_barrier(
             store,
             iteration=it,
@@ -481,8 +446,18 @@ class CallWrapper:
             )
             self._leave_job(discarded)
             raise discarded
+        try:
+            _stop_rule.check(
+                store,
+                iteration=it,
+                ranks=list(range(state.initial_world_size)),
+                limit=self.wrapper.max_repeated_faults,
+            )
+        except RepeatedFaultError as repeated:
+            self._leave_job(repeated)
+            raise
         met = time.monotonic()
-        self._release(exc)
+        release(exc)
         lost = [r for r in self._members if r not in survivors]
         terminated_now = {
             int(store.store.get(f"{it}/rank/{r}"))

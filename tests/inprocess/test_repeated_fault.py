@@ -1,0 +1,55 @@
+"""The stop rule: a rank that fails the same way at the same step in every attempt is not
+restarted forever (``Wrapper(max_repeated_faults=3)``, the default), while a fault that repeats
+after progress, or a transient one, still restarts and the job finishes.
+
+4 gloo ranks under plain torchrun.
+"""
+
+from __future__ import annotations
+
+import pytest
+from inprocess_harness import FAULT_STEP, NPROC, Torchrun
+
+STOPPED = (
+    "RepeatedFaultError: the same fault ended 3 attempts in a row on initial rank(s) [2] with "
+    "no progress in between (iterations 0-2): ValueError: injected repeated fault on rank 2; "
+    "not restarting it again (Wrapper(max_repeated_faults=3)"
+)
+
+
+@pytest.mark.slow
+def test_a_deterministic_fault_stops_after_three_attempts_on_every_rank(
+    torchrun: Torchrun,
+) -> None:
+    run = torchrun.run("--value-error", f"2@{FAULT_STEP}", "--ping", timeout=300)
+    assert run.returncode != 0
+    # every rank stops with the error, after three attempts (two restarts), none hangs
+    for rank in range(NPROC):
+        assert f"rank {rank}: iteration 2: leaving the job: {STOPPED}" in run.output, run.output[
+            -6000:
+        ]
+    assert {s["iteration"] for s in run.records if s["event"] == "start"} == {0, 1, 2}
+    assert not run.starts(3)
+    assert not [r for r in run.records if r["event"] == "done"]
+
+
+@pytest.mark.slow
+def test_the_same_fault_after_progress_restarts_and_the_job_finishes(torchrun: Torchrun) -> None:
+    # the same ValueError three times, but each attempt trained (and pinged) before it
+    steps = f"{FAULT_STEP},{FAULT_STEP + 2},{FAULT_STEP + 4}"
+    run = torchrun.run("--value-error", f"2@{steps}", "--ping", "--steps", "14")
+    assert run.returncode == 0, run.output[-6000:]
+    assert "RepeatedFaultError" not in run.output
+    assert sorted(s["rank"] for s in run.starts(3)) == list(range(NPROC))
+    assert len([r for r in run.records if r["event"] == "done"]) == NPROC
+
+
+@pytest.mark.slow
+def test_the_rule_can_be_turned_off(torchrun: Torchrun) -> None:
+    # two attempts at the same step with no limit, then the fault stops coming: it finishes
+    run = torchrun.run(
+        "--value-error", f"2@{FAULT_STEP},{FAULT_STEP},{FAULT_STEP}", "--max-repeated", "0"
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    assert "RepeatedFaultError" not in run.output
+    assert sorted(s["rank"] for s in run.starts(3)) == list(range(NPROC))
