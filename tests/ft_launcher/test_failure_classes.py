@@ -199,3 +199,32 @@ def test_a_user_function_named_like_a_read_is_io_other_user_code_a_plain_hang():
     assert classify(_hang({0: WAIT, 1: read}, nodes)).cls is FailureClass.HANG_IO
     step = Frame("/app/train.py", 80, "train_step")
     assert classify(_hang({0: WAIT, 1: step}, nodes)).cls is FailureClass.HANG
+
+
+def test_a_rank_the_launcher_signalled_is_never_the_culprit():
+    term = RankEvidence(rank=0, node=0, exitcode=TERM, stopped_by_launcher=True)
+    kill = RankEvidence(rank=1, node=0, exitcode=KILL, stopped_by_launcher=False)
+    verdict = classify(_ev(term, kill))
+    assert verdict.cls is FailureClass.SIGNAL
+    assert verdict.culprit_ranks == (1,) and verdict.cause == "killed by SIGKILL"
+    # Every rank stopped by the launcher: nothing failed here (another node did).
+    other = RankEvidence(rank=1, node=0, exitcode=TERM, stopped_by_launcher=True)
+    both = classify(_ev(term, other))
+    assert both.cls is FailureClass.UNKNOWN
+
+
+def test_a_rank_that_lost_its_peer_in_a_collective_waited_for_it():
+    lost = RankEvidence(
+        rank=0,
+        node=0,
+        exitcode=1,
+        exc_type="RuntimeError",
+        message="[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242",
+        stopped_by_launcher=False,
+    )
+    kill = RankEvidence(rank=1, node=0, exitcode=KILL, stopped_by_launcher=False)
+    verdict = classify(_ev(lost, kill))
+    assert (verdict.cls, verdict.culprit_ranks) == (FailureClass.SIGNAL, (1,))
+    # Alone, it is what this node knows: a crash of that rank.
+    alone = classify(_ev(lost))
+    assert (alone.cls, alone.culprit_ranks) == (FailureClass.CRASH, (0,))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class Cycle:
         exclude: a rank's ExcludeThisNode request, if any.
         hang_verdict: the cycle's hang verdict (the job-wide one when there is one).
         oom_at_start: the cgroup's OOM-kill count when the cycle started (None: unreadable).
+        signalled: local ranks the launcher itself stopped while they ran (torch's context
+            after another rank failed, or a restart), and when (monotonic seconds).
     """
 
     diagnosis: HangDiagnosis
@@ -50,6 +53,17 @@ class Cycle:
     exclude: MonitorEvent | None = None
     hang_verdict: HangVerdict | None = None
     oom_at_start: int | None = field(default_factory=oom_kill_count)
+    signalled: dict[int, float] = field(default_factory=dict)
+
+    def note_signalled(self, local_ranks: set[int]) -> None:
+        """The launcher is about to signal these running local ranks (the first time counts)."""
+        now = time.monotonic()
+        for local_rank in local_ranks:
+            self.signalled.setdefault(local_rank, now)
+
+    def signalled_ranks(self) -> frozenset[int]:
+        """The global ranks the launcher signalled while they ran."""
+        return frozenset(self.ranks[lr] for lr in self.signalled if lr in self.ranks)
 
     def note_failures(self, failures: Mapping[int, ProcessFailure]) -> None:
         """Log each failed worker once and add it to the causes, root cause first.

@@ -73,6 +73,7 @@ def _verdict(
         verdict=cycle.hang_verdict,
         oom_kills=(now - start) if start is not None and now is not None else 0,
         health=health,
+        signalled=cycle.signalled_ranks(),
     )
     verdict = classify(evidence)
     if verdict.cls is FailureClass.UNKNOWN:

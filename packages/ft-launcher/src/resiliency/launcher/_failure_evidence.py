@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -96,10 +96,17 @@ def error_text(failure: ProcessFailure) -> str | None:
     return message if isinstance(message, str) and message else None
 
 
-def _from_failure(rank: int, node: int, failure: ProcessFailure) -> RankEvidence:
+def _from_failure(
+    rank: int, node: int, failure: ProcessFailure, signalled: Collection[int] | None
+) -> RankEvidence:
     exc_type, message = parse_error_message(error_text(failure))
     return RankEvidence(
-        rank=rank, node=node, exitcode=failure.exitcode, exc_type=exc_type, message=message
+        rank=rank,
+        node=node,
+        exitcode=failure.exitcode,
+        exc_type=exc_type,
+        message=message,
+        stopped_by_launcher=None if signalled is None else rank in signalled,
     )
 
 
@@ -113,6 +120,7 @@ def cycle_evidence(
     oom_kills: int = 0,
     health: tuple[str, ...] = (),
     preempted: str | None = None,
+    signalled: Collection[int] | None = None,
 ) -> CycleEvidence:
     """The evidence of one failed cycle, as this node knows it.
 
@@ -125,8 +133,10 @@ def cycle_evidence(
         oom_kills: OOM kills in this node's cgroup during the cycle.
         health: failed health checks (``name: detail``).
         preempted: why the cycle counts as a preemption, if it does.
+        signalled: global ranks the launcher itself signalled while they ran; None when it
+            kept no record.
     """
-    ranks = {rank: _from_failure(rank, node, f) for rank, f in failures.items()}
+    ranks = {rank: _from_failure(rank, node, f, signalled) for rank, f in failures.items()}
     timers = {ev.rank: ev.timer for ev in hangs.values() if ev.rank is not None}
     common = None
     if verdict is not None:

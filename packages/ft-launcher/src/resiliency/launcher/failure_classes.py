@@ -37,9 +37,16 @@ crash              a rank exited with a non-zero code and left no error file
 unknown            no failure of this node's ranks (another node failed)
 =================  ==================================================================
 
-The culprits of a crash, a signal or an exit are the failed ranks that the launcher did not
-stop itself: torch stops the surviving ranks with SIGTERM once one rank fails, and a rank killed
-by SIGTERM or SIGKILL counts only when no other rank failed on its own.
+The culprits of a crash, a signal or an exit are the failed ranks that failed on their own:
+
+1. a rank the launcher signalled itself (torch's process context stops the surviving ranks with
+   SIGTERM once one rank fails; the launcher stops them on a restart) is never a culprit: the
+   launcher records which ranks were still running when it signalled them;
+2. a rank that failed because a peer went away (a collective's "Connection closed by peer",
+   "Connection reset by peer", a gloo read error, a NCCL abort) waited for that peer: it is a
+   culprit only when no rank failed otherwise;
+3. without the launcher's record (evidence from an older launcher), a rank killed by SIGTERM or
+   SIGKILL counts only when no other rank failed on its own.
 """
 
 from __future__ import annotations
@@ -87,6 +94,12 @@ _OOM_TYPES = ("OutOfMemoryError", "MemoryError")
 _OOM_RE = re.compile(r"out of memory", re.IGNORECASE)
 _CONFIG_TYPES = ("ImportError", "ModuleNotFoundError", "SyntaxError")
 _CONFIG_SUFFIXES = ("ConfigError", "ConfigurationError")
+# A rank that raised one of these lost a peer in a collective: it waited, the peer failed.
+_PEER_LOST_RE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Read error|"
+    r"DistNetworkError|NCCL communicator was aborted|communicator was aborted",
+    re.IGNORECASE,
+)
 _NAN_RE = re.compile(r"\b(nan|inf|infinity|non-finite|not finite)\b", re.IGNORECASE)
 _CHECKPOINT_PLACES = ("checkpoint", "/torch/serialization.py", "ckpt")
 _IO_PLACES = ("/torch/utils/data/", "/multiprocessing/queues.py")
@@ -110,6 +123,8 @@ class RankEvidence:
         frame_path: the full file name of that frame.
         timer: the timer that expired when it hung (``heartbeat``, ``section:<name>``).
         hung: it hung (its monitor reported it).
+        stopped_by_launcher: the launcher signalled it while it still ran (True), did not
+            (False), or kept no record (None).
     """
 
     rank: int
@@ -121,6 +136,7 @@ class RankEvidence:
     frame_path: str | None = None
     timer: str | None = None
     hung: bool = False
+    stopped_by_launcher: bool | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -137,6 +153,12 @@ class RankEvidence:
         """Killed by SIGTERM or SIGKILL: possibly by the launcher, after another failure."""
         return self.exitcode is not None and -self.exitcode in _STOP_SIGNALS
 
+    @property
+    def peer_lost(self) -> bool:
+        """It raised an error that says a peer of its collective went away."""
+        text = f"{self.exc_type or ''}: {self.message or ''}"
+        return self.exc_type is not None and bool(_PEER_LOST_RE.search(text))
+
     def error(self) -> str | None:
         """The exception as ``Type: message`` (None without an error file)."""
         if self.exc_type is None:
@@ -150,6 +172,8 @@ class RankEvidence:
         out.update({k: getattr(self, k) for k in keys if getattr(self, k) is not None})
         if self.signal_name is not None:
             out["signal"] = self.signal_name
+        if self.stopped_by_launcher:
+            out["stopped_by_launcher"] = True
         return out
 
 
@@ -224,10 +248,25 @@ class Rule:
 
 
 def _own_failures(ev: CycleEvidence) -> list[RankEvidence]:
-    """Failed ranks that the launcher did not stop (all of them when every one was stopped)."""
-    failed = [r for r in ev.ranks.values() if not r.hung and r.exitcode not in (None, 0)]
-    own = [r for r in failed if not r.stopped]
-    return sorted(own or failed, key=lambda r: r.rank)
+    """The failed ranks that failed on their own (the module docstring's three tiers).
+
+    Ranks the launcher signalled are never returned; with no launcher record at all, every
+    failed rank is returned when each one was stopped by a signal.
+    """
+    failed = [
+        r
+        for r in ev.ranks.values()
+        if not r.hung and r.exitcode not in (None, 0) and r.stopped_by_launcher is not True
+    ]
+    tiers = (
+        lambda r: not r.peer_lost and (r.stopped_by_launcher is False or not r.stopped),
+        lambda r: not r.peer_lost,
+        lambda r: True,
+    )
+    for tier in tiers:
+        if own := [r for r in failed if tier(r)]:
+            return sorted(own, key=_rank)
+    return []
 
 
 def _with_error(ev: CycleEvidence, test: Callable[[RankEvidence], bool]) -> list[RankEvidence]:
@@ -261,7 +300,11 @@ def _oom(ev: CycleEvidence) -> Match:
     )
     if raised:
         return _first_error(raised)
-    killed = [r for r in ev.ranks.values() if r.exitcode == -signal.SIGKILL and not r.hung]
+    killed = [
+        r
+        for r in ev.ranks.values()
+        if r.exitcode == -signal.SIGKILL and not r.hung and r.stopped_by_launcher is not True
+    ]
     if ev.oom_kills > 0 and killed:
         return (killed, f"killed by the kernel's OOM killer ({ev.oom_kills} OOM kill(s))")
     return None
