@@ -21,6 +21,16 @@ launcher exits with a non-zero code (failed, preempted, lost) is started again a
 ``--restart-after`` seconds. Prints one side-by-side table; writes ``DIR/bench_goodput.json``
 (each setup's ``name``, ``launcher`` and ``goodput_percent``, plus its breakdown and faults) and
 ``DIR/bench_goodput.png``.
+
+The ideal step: ``productive`` counts kept steps at an ideal step time and ``slowdown`` what
+they took beyond it. Four training processes on a 2-core machine do not reach the job's
+``--step-time`` even without faults, so a fixed ideal charges the machine's own pace to
+slowdown. First (``--calibrate`` seconds, default 120; 0: skip) the torchrun setup, plain
+Lightning with nothing of ours, runs with no fault; the median of its step times (as
+``resiliency-goodput report --reference-step-time auto`` takes it) is the ideal step of this
+machine, used for both setups. The table shows both definitions: goodput against the measured
+ideal (``goodput_percent``, the headline) and against the fixed ``--step-time``
+(``goodput_percent_fixed``), with slowdown under each.
 """
 
 from __future__ import annotations
@@ -138,11 +148,19 @@ def _command(
     ]
 
 
-def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_setup(
+    setup: str,
+    plan: FaultPlan,
+    args: argparse.Namespace,
+    work: Path,
+    ideal_step_s: float | None = None,
+) -> dict[str, Any]:
     """Run one setup under the plan; return its row of results.
 
     ``args`` holds ``main``'s options (``parser().parse_args([...])`` gives the defaults). The
     launcher's output goes to ``work/<setup>.log`` and the ledger to ``work/<setup>/ledger``.
+    ``ideal_step_s``: the measured ideal step (see ``calibrate``); the headline goodput uses it,
+    and the fixed ``args.step_time`` gives the second definition. None: the fixed one only.
     """
     ckpt, ledger = work / setup / "ckpt", work / setup / "ledger"
     ckpt.mkdir(parents=True)
@@ -185,7 +203,8 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
         scheduler.emit("job_ended", exit_code=0, reason=f"benchmark length {args.duration:.0f} s")
         scheduler.close()
     parsed = read_ledger([ledger])
-    report = compute(parsed, reference_step_time=args.step_time)
+    fixed = compute(parsed, reference_step_time=args.step_time)
+    report = fixed if ideal_step_s is None else compute(parsed, reference_step_time=ideal_step_s)
     rows = outcomes(injections, timeline_of(parsed), runner.t0_wall)
     whole = report.whole
     return {
@@ -193,6 +212,10 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
         "name": SETUPS[setup],
         "launcher": "torchrun" if setup == "torchrun" else "ft-launcher",
         "goodput_percent": round(100.0 * whole.goodput, 2),
+        "ideal_step_s": round(ideal_step_s or args.step_time, 4),
+        "ideal_source": "measured" if ideal_step_s is not None else "fixed",
+        "goodput_percent_fixed": round(100.0 * fixed.whole.goodput, 2),
+        "slowdown_fixed_s": round(fixed.whole.seconds["slowdown"], 1),
         "total_s": round(whole.total, 1),
         "seconds": {k: round(v, 1) for k, v in whole.seconds.items()},
         "hang_detection_s": round(whole.hang_detection, 1),
@@ -213,10 +236,30 @@ def run_setup(setup: str, plan: FaultPlan, args: argparse.Namespace, work: Path)
     }
 
 
+def calibrate(args: argparse.Namespace, work: Path) -> float:
+    """The ideal step of this machine: the median step of a fault-free torchrun run."""
+    quiet = argparse.Namespace(**{**vars(args), "duration": args.calibrate})
+    empty = FaultPlan(seed=0, mtbf=float("inf"), keep_alive=0.0, faults=())
+    run_setup("torchrun", empty, quiet, work / "calibration")
+    report = compute(read_ledger([work / "calibration" / "torchrun" / "ledger"]), "auto")
+    if report.ideal_step_time_s is None:
+        raise RuntimeError(
+            f"calibration: the fault-free run recorded no step in {args.calibrate:.0f} s; "
+            f"see {work / 'calibration' / 'torchrun.log'}"
+        )
+    return report.ideal_step_time_s
+
+
 def table(results: list[dict[str, Any]]) -> str:
     names = [r["setup"] for r in results]
     lines = [f"{'':28}" + "".join(f"{n:>16}" for n in names)]
-    lines.append(f"{'goodput':28}" + "".join(f"{r['goodput_percent']:>15.1f}%" for r in results))
+    source = results[0]["ideal_source"] if results else "fixed"
+    ideal = results[0]["ideal_step_s"] if results else 0.0
+    lines.append(
+        f"{f'goodput (ideal {ideal:.3f} s)':28}"
+        + "".join(f"{r['goodput_percent']:>15.1f}%" for r in results)
+        + ("  measured fault-free" if source == "measured" else "  fixed --step-time")
+    )
     for cat in CATEGORIES:
         cells = "".join(
             f"{r['seconds'][cat]:>10.1f} s {100 * r['seconds'][cat] / r['total_s']:>3.0f}%"
@@ -229,6 +272,14 @@ def table(results: list[dict[str, Any]]) -> str:
     )
     lines.append(f"{'total':28}" + "".join(f"{r['total_s']:>14.1f} s" for r in results))
     lines.append(f"{'final step':28}" + "".join(f"{r['final_step']!s:>16}" for r in results))
+    if source == "measured":
+        lines.append("with the fixed --step-time as the ideal:")
+        lines.append(
+            f"{'  goodput':28}" + "".join(f"{r['goodput_percent_fixed']:>15.1f}%" for r in results)
+        )
+        lines.append(
+            f"{'  slowdown':28}" + "".join(f"{r['slowdown_fixed_s']:>14.1f} s" for r in results)
+        )
     return "\n".join(lines)
 
 
@@ -300,6 +351,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time the faults from the job's first training step, not from the launchers' start",
     )
+    p.add_argument(
+        "--calibrate",
+        type=float,
+        default=120.0,
+        help="seconds of a fault-free torchrun run whose median step is the ideal step of both "
+        "setups (0: use the fixed --step-time)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     return p
 
@@ -320,9 +378,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
     results = []
     try:
+        ideal = None
+        if args.calibrate > 0:
+            ideal = calibrate(args, work)
+            print(
+                f"[bench_goodput] ideal step measured fault-free: {ideal:.3f} s "
+                f"(the job asks for {args.step_time} s)"
+            )
         for setup in args.setups.split(","):
             t0 = time.monotonic()
-            results.append(run_setup(setup, plan, args, work))
+            results.append(run_setup(setup, plan, args, work, ideal))
             print(f"[bench_goodput] {setup}: {time.monotonic() - t0:.0f} s wall")
     finally:
         if not args.keep:
@@ -344,6 +409,7 @@ def main() -> int:
                 "mtbf_s": mtbf,
                 "duration_s": args.duration,
                 "step_time_s": args.step_time,
+                "ideal_step_s": ideal,
                 "faults_planned": [f.kind for f in plan.faults],
                 "setups": results,
             },
