@@ -1,8 +1,10 @@
 """The rank's side of its persistent writer process: spawn, hand over the arena, send, wait.
 
-The writer is started with ``subprocess`` as ``python -m resiliency.checkpoint._writer`` (the
-spawn semantics, without multiprocessing's re-import of the user's ``__main__``), inherits only
-its end of a socketpair, and never sees CUDA (``CUDA_VISIBLE_DEVICES`` is emptied for it).
+The writer is started with ``subprocess`` as ``python .../_writer/__main__.py FD RANK_PID``
+(the spawn semantics, without multiprocessing's re-import of the user's ``__main__``), inherits
+only its end of a socketpair, and never sees CUDA (``CUDA_VISIBLE_DEVICES`` is emptied for it).
+The entry runs by its path, not with ``-m``, so that it sets its parent-death signal before
+anything imports torch (see ``__main__``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from resiliency.checkpoint._writer import protocol as _protocol
 
 logger = logging.getLogger(__name__)
 
+
+#: The writer's entry, a file that imports only the standard library before its parent-death
+#: signal is set.
+WRITER_ENTRY = Path(__file__).with_name("__main__.py")
 
 # A writer's start-up is imports only, but slow on a loaded node: bounded on its own, not by
 # the save timeout.
@@ -57,7 +64,7 @@ class WriterProcess:
         env["OMP_NUM_THREADS"] = "1"
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "resiliency.checkpoint._writer", str(child.fileno())],
+                [sys.executable, str(WRITER_ENTRY), str(child.fileno()), str(os.getpid())],
                 pass_fds=[child.fileno()],
                 env=env,
                 stdin=subprocess.DEVNULL,
