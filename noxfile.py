@@ -251,6 +251,7 @@ ALL_PACKAGES = (
     "pkg:simulator",
     "pkg:checkpoint",
     "pkg:goodput[plot]",
+    "pkg:inprocess",
 )
 
 
