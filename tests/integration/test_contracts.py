@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
 import signal
 from pathlib import Path
@@ -21,6 +22,8 @@ import pytest
 from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
 from resiliency.ft import FAULT_HOOK_SIGNALS
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
+from resiliency.inprocess import _rejoin
+from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV
 from resiliency.launcher._preemption import PREEMPTED_EXIT_CODE, Preemption
 from resiliency.supervisor._ledger import LedgerTail
 
@@ -65,6 +68,11 @@ COPIES = [
         "the finished-training flag file",
         "resiliency.launcher._contracts:FINISHED_FLAG_ENV",
         "resiliency.ptl.autoresume:FINISHED_FLAG_ENV",
+    ),
+    (
+        "the respawned worker's rejoin file",
+        "resiliency.launcher._contracts:INPROCESS_REJOIN_FILE_ENV",
+        "resiliency.inprocess._launcher_contract:REJOIN_FILE_ENV",
     ),
     (
         "a node's id for the supervisor",
@@ -125,6 +133,19 @@ def test_the_node_ledger_a_recorder_writes_is_the_one_the_sensor_follows(tmp_pat
     assert host_ledger_files(tmp_path, "another-host") == []
     tail.poll({0})
     assert tail.step == 41
+
+
+def test_a_rejoined_worker_s_file_is_the_one_the_launcher_waits_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Wrapper's side writes the file named by the launcher's variable, atomically."""
+    marker = tmp_path / "rejoined-2-0"
+    monkeypatch.setenv(INPROCESS_REJOIN_FILE_ENV, str(marker))
+    _rejoin.announce()
+    assert marker.read_text() == str(os.getpid())
+    assert [p.name for p in tmp_path.iterdir()] == [marker.name]
+    # a later restart of the same process is an ordinary one
+    assert INPROCESS_REJOIN_FILE_ENV not in os.environ
 
 
 _OWN_VARIABLE = re.compile(r"^(RESILIENCY|FT|FAULT_TOL|ETCDCTL)_[A-Z0-9_]+$")

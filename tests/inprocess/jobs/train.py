@@ -150,7 +150,10 @@ class Job:
             is_master=False,
             timeout=timedelta(seconds=60),
         )
-        store = dist.PrefixStore(f"train/{iteration}", base)
+        # A store namespace per launcher attempt and wrapper iteration: after a full restart
+        # the launcher's store still holds the previous attempt's keys.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"train/{attempt}/{iteration}", base)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(
             self.args.backend,

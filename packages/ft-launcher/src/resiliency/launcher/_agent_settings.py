@@ -41,6 +41,9 @@ class AgentSettings:
         finished_flag_file: passed to the workers as FAULT_TOL_FINISHED_FLAG_FILE.
         preemption: graceful preemption (workers that saved exit 75: no restart, exit 5).
         fork_server: workers are forked from it (``--ft-preimport``), else started anew.
+        inprocess_respawn: a worker killed by a signal is respawned alone, and its
+            ``resiliency.inprocess.Wrapper`` rejoins the others (``--ft-inprocess-respawn``).
+        respawn_timeout: seconds a respawned worker has to join before the group is restarted.
     """
 
     ft_cfg: FaultToleranceConfig
@@ -51,3 +54,5 @@ class AgentSettings:
     finished_flag_file: str | None = None
     preemption: Preemption | None = None
     fork_server: ForkServer | None = None
+    inprocess_respawn: bool = False
+    respawn_timeout: float = 60.0

@@ -1,9 +1,10 @@
 """What ft-launcher agrees on with processes of packages it may not import, spelled here once.
 
-The workers' code (resiliency-checkpoint's emergency save, resiliency-ptl's auto-resume), the
-simulator that drives the launcher from outside, and the supervisor (an optional extra) each
-keep their own copy of their side; tests/integration/test_contracts.py checks every pair, and
-docs/environment.md lists every variable with who sets and who reads it.
+The workers' code (resiliency-checkpoint's emergency save, resiliency-ptl's auto-resume,
+resiliency-inprocess's Wrapper), the simulator that drives the launcher from outside, and the
+supervisor (an optional extra) each keep their own copy of their side;
+tests/integration/test_contracts.py checks every pair, and docs/environment.md lists every
+variable with who sets and who reads it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 #: Set in the fork server's environment: the directory where each forked worker publishes its
 #: own environment as ``<pid>`` (``KEY=VALUE`` entries, each ending in a NUL byte).
 FORKED_ENVIRON_DIR_ENV = "RESILIENCY_FORKED_ENVIRON_DIR"
+
+# --- with resiliency-inprocess's Wrapper (--ft-inprocess-respawn) -------------------------
+#: Set only in the environment of a worker the launcher respawned alone: its Wrapper joins the
+#: running job's restart barrier instead of starting a new job, and once it has passed it as a
+#: member, writes its pid to this file (how the launcher knows the respawned rank joined).
+INPROCESS_REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
 
 # --- with resiliency-supervisor (an extra) --------------------------------------------------
 #: This node's id for the supervisor when ``--node-id`` is not given (else the host name).

@@ -155,6 +155,8 @@ def launch(
         finished_flag_file=options.finished_flag_file,
         preemption=preemption,
         fork_server=fork_server,
+        inprocess_respawn=options.inprocess_respawn,
+        respawn_timeout=options.respawn_timeout,
     )
     built: list[FtElasticAgent] = []
     supervision: list[Supervision] = []

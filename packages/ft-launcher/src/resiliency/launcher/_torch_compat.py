@@ -26,6 +26,10 @@ The private pieces this module wraps, each verified against the torch versions i
 * ``PContext.close``: torch's context calls it without a timeout (a fixed 30 s before SIGKILL)
   when it stops the other workers after one failed; :meth:`CompatAgent.bound_worker_close`
   gives each new context's ``close`` the launcher's ``--workers-stop-timeout`` as its default.
+* ``SubprocessContext.subprocess_handlers``, ``entrypoint``, ``args``, ``envs``, ``stdouts``,
+  ``stderrs`` (and ``_numa_options``), and ``Worker.id`` (the pid torch's look expects):
+  :meth:`CompatAgent.respawn_worker` starts one worker again in place
+  (``--ft-inprocess-respawn``) before torch's poll would stop the others.
 * ``torch.distributed.launcher.api.LocalElasticAgent``: the name ``launch_agent`` builds its
   agent from; :func:`run_launch_agent` points it at the launcher's agent for the one call, so
   torch's launcher path runs as under torchrun (``launch_agent(config, entrypoint, args)``
@@ -325,6 +329,48 @@ class CompatAgent(LocalElasticAgent):
             close(death_sig, timeout)  # type: ignore[arg-type]
 
         pcontext.close = bounded_close  # type: ignore[method-assign]
+
+    def respawn_worker(
+        self, local_rank: int, extra_env: dict[str, str], factory: Callable[..., Any] | None
+    ) -> int | None:
+        """Start the worker of ``local_rank`` again, alone, inside torch's process context.
+
+        Same entrypoint, arguments, environment (plus ``extra_env``) and output files as torch
+        gave it; torch keeps counting the local rank as running, now with the new process.
+
+        Args:
+            local_rank: the worker to start again (its process has ended).
+            extra_env: added to its environment for this process only.
+            factory: starts it (the fork server's handler); None: torch's own.
+
+        Returns:
+            The new pid; None for a context that starts no subprocesses (a function
+            entrypoint), which cannot respawn one worker.
+        """
+        pcontext = self._pcontext
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        if pcontext is None or not handlers or local_rank not in handlers:
+            return None
+        make = factory if factory is not None else getattr(mp_api, _HANDLER_GLOBAL)
+        kwargs: dict[str, Any] = {}
+        numa = getattr(pcontext, "_numa_options", None)
+        if numa is not None:
+            kwargs["numa_options"] = numa
+        handler = make(
+            entrypoint=pcontext.entrypoint,
+            args=pcontext.args[local_rank],
+            env={**pcontext.envs[local_rank], **extra_env},
+            stdout=pcontext.stdouts[local_rank],
+            stderr=pcontext.stderrs[local_rank],
+            local_rank_id=local_rank,
+            **kwargs,
+        )
+        handlers[local_rank] = handler
+        pid = int(handler.proc.pid)
+        for worker in self._worker_group.workers:
+            if worker.local_rank == local_rank:
+                worker.id = pid  # torch's look compares the workers' ids with the context's pids
+        return pid
 
     def worker_returncodes(self) -> dict[int, int | None]:
         """Return local rank -> exit code (None while running) of the current workers."""

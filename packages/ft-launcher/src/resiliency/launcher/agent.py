@@ -45,6 +45,7 @@ from resiliency.launcher._preemption import (
     mark_stop_after_a_failure,
     new_attempt,
 )
+from resiliency.launcher._respawn import Respawner
 from resiliency.launcher._round_watch import RoundWatcher
 from resiliency.launcher._shared_state import SharedRoundState
 from resiliency.launcher._startup_watch import StartupWatch
@@ -113,6 +114,7 @@ class FtElasticAgent(CompatAgent):
         self._job: JobHangExchange | None = None  # a round of several nodes only
         self._published_failure = False
         self._worker_groups = WorkerProcessGroups()
+        self._respawner = Respawner.of(settings, monitors, self._worker_groups, self._startup)
         self.outcome: Outcome | None = None
         self.restarts_done = 0
         self.verdicts: list[str] = []
@@ -156,11 +158,7 @@ class FtElasticAgent(CompatAgent):
         return env
 
     def before_rendezvous(self) -> None:
-        """Run the node health checks; an unhealthy node does not (re)join."""
-        self._check_node_health()
-
-    def _check_node_health(self) -> None:
-        """Run the node health checks; raise :class:`_NodeLeaves` if any of them fails."""
+        """Run the node health checks; an unhealthy node does not (re)join: `_NodeLeaves`."""
         failed = [r for r in run_health_checks(self._settings.health_checks) if not r.healthy]
         if failed:
             raise _NodeLeaves(_unhealthy(failed))
@@ -257,6 +255,7 @@ class FtElasticAgent(CompatAgent):
     def _look(self, worker_group: WorkerGroup) -> tuple[RunResult, LoopState]:
         """One look at the workers: torch's result, then every monitor event, then the state."""
         mark_stop_after_a_failure(self._settings.preemption, self.worker_returncodes)
+        self.restarts_done += self._respawner.look(self, self._cycle)  # --ft-inprocess-respawn
         result: RunResult = super()._monitor_workers(worker_group)
         # After torch's look: a rank its monitor killed as hung has its hang event queued
         # already, so its failure is not blamed on the monitor's signal.

@@ -126,6 +126,26 @@ def build_parser() -> argparse.ArgumentParser:
         "'python -m MODULE' workers. (default: off)",
     )
     group.add_argument(
+        "--ft-inprocess-respawn",
+        dest="inprocess_respawn",
+        action="store_true",
+        help="For workers that train under resiliency.inprocess.Wrapper: a worker killed by a "
+        "signal (SIGKILL, a segfault, the OOM killer) is respawned alone (forked from the "
+        "--ft-preimport server if any) while the others keep running; its Wrapper rejoins "
+        "them in-process. Each respawn counts against --max-restarts; a respawned worker that "
+        "does not join within --ft-respawn-timeout makes the group restart as usual. "
+        "(default: off)",
+    )
+    group.add_argument(
+        "--ft-respawn-timeout",
+        dest="respawn_timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECS",
+        help="How long a worker respawned by --ft-inprocess-respawn has to join the running "
+        "job before the whole group is restarted (default: %(default)s).",
+    )
+    group.add_argument(
         "--exit-status-file",
         dest="exit_status_file",
         default=None,
@@ -149,6 +169,8 @@ class LauncherOptions:
         finished_flag_file: value for FAULT_TOL_FINISHED_FLAG_FILE, if given.
         exit_status_file: where to write the verdict JSON, if given.
         preimport: modules the fork server imports (empty: no fork server).
+        inprocess_respawn: respawn a worker killed by a signal alone (``--ft-inprocess-respawn``).
+        respawn_timeout: seconds a respawned worker has to join (``--ft-respawn-timeout``).
     """
 
     restart_policy: str
@@ -160,6 +182,8 @@ class LauncherOptions:
     finished_flag_file: str | None
     exit_status_file: str | None
     preimport: tuple[str, ...] = ()
+    inprocess_respawn: bool = False
+    respawn_timeout: float = 60.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
@@ -187,6 +211,8 @@ class LauncherOptions:
             finished_flag_file=os.path.abspath(finished) if finished else None,
             exit_status_file=args.exit_status_file,
             preimport=_module_list(args.preimport),
+            inprocess_respawn=args.inprocess_respawn,
+            respawn_timeout=args.respawn_timeout,
         )
 
 

@@ -18,9 +18,17 @@ from resiliency.inprocess.state import State
 
 log = logging.getLogger(__name__)
 
-# The store's fault kinds, as the ledger's causes (a peer's heartbeat stopped: its fault, seen
-# from outside; the soft timeout: a hang).
-_CAUSES = {"exception": "exception", "soft_timeout": "hang", "heartbeat": "peer_fault"}
+# The store's fault kinds, as the ledger's causes (a peer's heartbeat stopped, or its process
+# died and was respawned: its fault, seen from outside; the soft timeout: a hang).
+_CAUSES = {
+    "exception": "exception",
+    "soft_timeout": "hang",
+    "heartbeat": "peer_fault",
+    "respawn": "peer_fault",
+}
+# The root cause first: a dead rank's respawn (its peers' failed collectives only echo it), then
+# a rank's own fault (an exception, its hang), then a silent peer.
+_ORDER = {"respawn": 0, "heartbeat": 2}
 
 
 @dataclass(frozen=True)
@@ -112,8 +120,7 @@ def _record(
         key = f"{failed}/rank/{initial}"
         return int(store.store.get(key)) if store.store.check([key]) else initial
 
-    # A rank's own fault (an exception, its hang) names the cause before a silent peer's.
-    ordered = sorted(faults.items(), key=lambda item: (item[1].get("kind") == "heartbeat", item[0]))
+    ordered = sorted(faults.items(), key=lambda kv: (_ORDER.get(str(kv[1].get("kind")), 1), kv[0]))
     kind = str(ordered[0][1].get("kind")) if ordered else "exception"
     reason = "; ".join(f"rank {global_rank(r)}: {rec.get('reason')}" for r, rec in ordered)
     local = times.done - times.started

@@ -9,6 +9,7 @@ reassigned, and calls the function again. See docs/inprocess.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -21,7 +22,14 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from resiliency.inprocess import _arguments, _barriers, _gloo_sockets, _stop_rule, _torch_compat
+from resiliency.inprocess import (
+    _arguments,
+    _barriers,
+    _gloo_sockets,
+    _rejoin,
+    _stop_rule,
+    _torch_compat,
+)
 from resiliency.inprocess._failed_call import is_collective_error, release
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
@@ -209,6 +217,7 @@ class CallWrapper:
         self._heartbeat: Heartbeat | None = None
         self._members = list(range(self.state.world_size))
         self._marks = 0  # progress marks of this iteration: ping() and completed atomic()
+        self._joining: int | None = None  # the running job's iteration a respawned rank joins
         self._hosting = False
         try:
             raw, self._store_ports, self._hosting = open_store(
@@ -224,9 +233,12 @@ class CallWrapper:
                 lambda: self.store, self.state.initial_rank, self.timeouts["heartbeat_interval"]
             )
             self._heartbeat.start()
-            _barriers.start_barrier(
-                self.store, self.state.rank, self.state.world_size, self.timeouts["barrier_timeout"]
-            )
+            # A process the launcher respawned joins the running job (its start barrier is long
+            # passed); the heartbeat first, so the others never see this rank silent.
+            self._joining = _rejoin.joining(self.store)
+            if self._joining is None:
+                state, deadline = self.state, self.timeouts["barrier_timeout"]
+                _barriers.start_barrier(self.store, state.rank, state.world_size, deadline)
         except BaseException:
             self._shutdown()
             raise
@@ -280,10 +292,16 @@ class CallWrapper:
         for name in _wants_call_wrapper(fn):
             if kwargs.get(name) is None:
                 kwargs[name] = self
-        state = self.state
-        ctx = self.wrapper.rank_assignment(RankAssignmentCtx(state, self._raw_store, set()))
-        self.state = state = ctx.state
-        state.set_distributed_vars()
+        if self._joining is not None:
+            self._members = _rejoin.take_place(self.store, self.state, self._joining)
+            now = time.monotonic()
+            self._meet(self._joining, None, RestartTimes(now, now, now, now, now))
+            _rejoin.announce()
+        else:
+            self.state = self.wrapper.rank_assignment(
+                RankAssignmentCtx(self.state, self._raw_store, set())
+            ).state
+            self.state.set_distributed_vars()
         while True:
             exc, ret = self._run_iteration(fn, args, kwargs)
             if exc is None:
@@ -429,7 +447,14 @@ class CallWrapper:
         except (*_TERMINAL, Exception) as terminal:
             self._leave_job(terminal)
             raise
-        checked = time.monotonic()
+        now = time.monotonic()
+        self._meet(it, exc, RestartTimes(started, aborted, now, now, now))
+
+    def _meet(self, it: int, exc: BaseException | None, times: RestartTimes) -> None:
+        """Meet the others at the restart barrier of ``it``, then go on to the next iteration
+        as the survivors agreed (``exc``: this rank's failed call, freed after the barrier)."""
+        state = self.state
+        store = self.store
         store.add_progress(it, self._marks)
         survivors = _barriers.restart_barrier(
             store,
@@ -457,13 +482,11 @@ class CallWrapper:
             self._leave_job(repeated)
             raise
         met = time.monotonic()
-        release(exc)
+        if exc is not None:
+            release(exc)
         lost = [r for r in self._members if r not in survivors]
-        terminated_now = {
-            int(store.store.get(f"{it}/rank/{r}"))
-            for r in lost
-            if store.store.check([f"{it}/rank/{r}"])
-        }
+        ranks_then = [store.rank_in(it, r) for r in lost]  # numbered as in iteration ``it``
+        terminated_now = {r for r in ranks_then if r is not None}
         ctx = self.wrapper.rank_assignment(
             RankAssignmentCtx(state, self._raw_store, terminated_now)
         )
@@ -471,5 +494,5 @@ class CallWrapper:
         state.advance()
         state.set_distributed_vars()
         members, self._members = self._members, survivors
-        times = RestartTimes(started, aborted, checked, met, time.monotonic())
+        times = dataclasses.replace(times, met=met, done=time.monotonic())
         report_restart(store, state, failed=it, members=members, survivors=survivors, times=times)

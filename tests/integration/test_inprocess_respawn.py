@@ -1,0 +1,171 @@
+"""``ft-launcher --ft-inprocess-respawn``: a SIGKILLed rank is respawned alone and healed.
+
+4 gloo ranks of tests/inprocess/jobs/train.py (DDP, SGD with momentum, ``inprocess.Healer``)
+under a real ft-launcher with its fork server (``--ft-preimport torch``). Rank 2 kills itself
+with SIGKILL at the start of step 5. The launcher respawns it alone; the three others keep
+their processes, abort in-process and wait at the restart barrier; the new process joins as
+rank 2 and is healed from a peer; no step is lost and the job ends like an unbroken run.
+
+The two sides of the agreement (the rejoin file's variable) are checked in test_contracts.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("resiliency.launcher")
+pytest.importorskip("resiliency.inprocess")
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
+from inprocess_harness import (
+    FAULT_STEP,
+    JOB,
+    NPROC,
+    REPO,
+    Run,
+    Torchrun,
+    free_port_pair,
+    read_records,
+    unbroken_params_at,
+)
+
+HEAL = ("--heal", "--momentum", "0.9")
+LAUNCHER_FLAGS = [
+    "--monitor-interval",
+    "0.1",
+    "--ft-initial-rank-heartbeat-timeout",
+    "240",
+    "--ft-rank-heartbeat-timeout",
+    "null",
+    "--workers-stop-timeout",
+    "2",
+    "--no-gpu-health-check",
+]
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The healing job with no fault, under plain torchrun: the reference."""
+    runner = Torchrun(tmp_path_factory.mktemp("unbroken-respawn"))
+    try:
+        run = runner.run(*HEAL)
+        assert run.returncode == 0, run.output[-6000:]
+        yield run
+    finally:
+        runner.kill()
+
+
+def launch(tmp: Path, *job_args: str, launcher_args: tuple[str, ...] = ()) -> Run:
+    """One ft-launcher job of 4 ranks; killed by pid (its session) if it outlives 300 s."""
+    out = tmp / "out"
+    out.mkdir()
+    log = tmp / "launcher.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "resiliency.launcher",
+        "--nproc-per-node",
+        str(NPROC),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port_pair()),
+        *LAUNCHER_FLAGS,
+        *launcher_args,
+        str(JOB),
+        "--out",
+        str(out),
+        *job_args,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        try:
+            code = proc.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            raise AssertionError(f"ft-launcher did not end:\n{log.read_text()[-8000:]}") from None
+    return Run(code, log.read_text(errors="replace"), read_records(out))
+
+
+@pytest.mark.slow
+def test_a_sigkilled_rank_is_respawned_alone_joins_and_is_healed_from_a_peer(
+    tmp_path: Path, unbroken: Run
+) -> None:
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--kill",
+        f"2@{FAULT_STEP}",
+        launcher_args=("--ft-inprocess-respawn", "--ft-preimport", "torch", "--max-restarts", "3"),
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    first = {s["rank"]: s["pid"] for s in run.starts(0)}
+    again = {s["rank"]: s for s in run.starts(1)}
+    assert sorted(again) == list(range(NPROC)), run.output[-6000:]
+    # the survivors kept their processes; rank 2 is a new one
+    for rank in (0, 1, 3):
+        assert again[rank]["pid"] == first[rank], f"rank {rank} was restarted by the launcher"
+    assert again[2]["pid"] != first[2]
+    assert "respawned it alone as pid" in run.output and "(SIGKILL)" in run.output
+    assert "restarting the worker group" not in run.output
+    assert "joined the running job" in run.output
+    # one step for every rank, no step lost: the survivors were at step 5 when rank 2 died
+    assert {s["step"] for s in again.values()} == {FAULT_STEP}
+    heals = {r["rank"]: r for r in run.records if r["event"] == "heal" and r["iteration"] == 1}
+    assert heals[2]["healed"] and heals[2]["source"] in {0, 1, 3}
+    assert heals[2]["previous_step"] == 0  # a new process: its own initial state, healed
+    assert all(h["lost_steps"] == 0 for h in heals.values())
+    expected = unbroken_params_at(unbroken, FAULT_STEP)
+    for rank, start in again.items():
+        assert start["params"] == expected, f"rank {rank} differs at step {FAULT_STEP}"
+    finals = [r["params"] for r in run.records if r["event"] == "done"]
+    unbroken_finals = [r["params"] for r in unbroken.records if r["event"] == "done"]
+    assert len(finals) == NPROC and all(f == finals[0] for f in finals)
+    # equal within float32 rounding after the resumed step (as tests/inprocess/test_heal.py)
+    assert finals[0] == pytest.approx(unbroken_finals[0], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_respawned_rank_that_does_not_join_in_time_falls_back_to_a_full_restart(
+    tmp_path: Path,
+) -> None:
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--kill",
+        f"2@{FAULT_STEP}",
+        "--respawn-delay",
+        "60",
+        launcher_args=(
+            "--ft-inprocess-respawn",
+            "--ft-respawn-timeout",
+            "3",
+            "--max-restarts",
+            "3",
+        ),
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert "respawned it alone as pid" in run.output
+    assert (
+        "did not join the running job within 3 s (--ft-respawn-timeout); killing it and "
+        "restarting the whole worker group" in run.output
+    ), run.output[-6000:]
+    assert "restarting the worker group" in run.output
+    # the second attempt is new processes on every rank, and it finishes
+    pids = {}
+    for start in run.records:
+        if start["event"] == "start":
+            pids.setdefault(start["rank"], set()).add(start["pid"])
+    assert all(len(p) == 2 for p in pids.values()), pids
+    assert len([r for r in run.records if r["event"] == "done"]) == NPROC
