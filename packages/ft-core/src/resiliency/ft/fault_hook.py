@@ -31,16 +31,25 @@ class SimulatedCrash(RuntimeError):  # noqa: N818 - named for what users see in 
     """Raised inside a rank by an injected ``crash`` fault."""
 
 
+def _sleep_through_signals(libc: ctypes.CDLL) -> None:
+    # libc's sleep() returns early, with the seconds left, whenever a signal handler runs: the
+    # monitor's stack-dump request would end the hang it is diagnosing, and the rank would train
+    # on. A real hang outlasts signals; only SIGKILL (or the stop's escalation) ends this one.
+    left = _HANG_SECONDS
+    while left > 0:
+        left = libc.sleep(left)
+
+
 def _hang_holding_gil(signum: int, frame: FrameType | None) -> None:
     logger.warning("fault hook: hanging with the GIL held (signal %d)", signum)
     # PyDLL keeps the GIL during the call: no Python thread of this rank runs again.
-    ctypes.PyDLL(None).sleep(_HANG_SECONDS)
+    _sleep_through_signals(ctypes.PyDLL(None))
 
 
 def _hang_releasing_gil(signum: int, frame: FrameType | None) -> None:
     logger.warning("fault hook: hanging with the GIL released (signal %d)", signum)
     # CDLL releases the GIL: background threads (heartbeat threads included) keep running.
-    ctypes.CDLL(None).sleep(_HANG_SECONDS)
+    _sleep_through_signals(ctypes.CDLL(None))
 
 
 def _crash(signum: int, frame: FrameType | None) -> None:
