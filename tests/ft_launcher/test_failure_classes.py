@@ -108,9 +108,12 @@ def test_a_failed_gpu_health_check_is_gpu_hardware_of_the_node():
     assert verdict.culprit_ranks == () and verdict.culprit_nodes == (0,)
 
 
-def test_preemption_wins_and_blames_no_one():
+def test_preemption_wins_and_names_the_preempted_node_not_a_rank():
     verdict = classify(_ev(_stopped(0), preempted="saved step 40"))
-    assert verdict.cls is FailureClass.PREEMPTION and verdict.culprit_nodes == ()
+    assert verdict.cls is FailureClass.PREEMPTION
+    assert verdict.culprit_ranks == () and verdict.culprit_nodes == (0,)
+    elsewhere = classify(_ev(_stopped(0), preempted="node 1: SIGTERM", preempted_nodes=(1,)))
+    assert (elsewhere.cls, elsewhere.culprit_nodes) == (FailureClass.PREEMPTION, (1,))
 
 
 def test_nothing_failed_here_is_unknown():

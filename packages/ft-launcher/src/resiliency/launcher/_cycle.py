@@ -42,6 +42,7 @@ class Cycle:
         oom_at_start: the cgroup's OOM-kill count when the cycle started (None: unreadable).
         signalled: local ranks the launcher itself stopped while they ran (torch's context
             after another rank failed, or a restart), and when (monotonic seconds).
+        dead_monitors: local ranks whose rank monitor died in this cycle.
     """
 
     diagnosis: HangDiagnosis
@@ -54,6 +55,16 @@ class Cycle:
     hang_verdict: HangVerdict | None = None
     oom_at_start: int | None = field(default_factory=oom_kill_count)
     signalled: dict[int, float] = field(default_factory=dict)
+    dead_monitors: list[int] = field(default_factory=list)
+
+    def monitor_died(self, local_rank: int, cause: str) -> None:
+        """The rank monitor of ``local_rank`` died: a cause of the cycle's failure."""
+        self.dead_monitors.append(local_rank)
+        self.causes.append(cause)
+
+    def dead_monitor_ranks(self) -> tuple[int, ...]:
+        """The global ranks whose monitor died."""
+        return tuple(sorted(self.ranks[lr] for lr in set(self.dead_monitors) if lr in self.ranks))
 
     def note_signalled(self, local_ranks: set[int]) -> None:
         """The launcher is about to signal these running local ranks (the first time counts)."""

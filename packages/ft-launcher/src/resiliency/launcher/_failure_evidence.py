@@ -121,6 +121,7 @@ def cycle_evidence(
     health: tuple[str, ...] = (),
     preempted: str | None = None,
     signalled: Collection[int] | None = None,
+    dead_monitors: tuple[int, ...] = (),
 ) -> CycleEvidence:
     """The evidence of one failed cycle, as this node knows it.
 
@@ -135,6 +136,7 @@ def cycle_evidence(
         preempted: why the cycle counts as a preemption, if it does.
         signalled: global ranks the launcher itself signalled while they ran; None when it
             kept no record.
+        dead_monitors: global ranks whose rank monitor died during the cycle.
     """
     ranks = {rank: _from_failure(rank, node, f, signalled) for rank, f in failures.items()}
     timers = {ev.rank: ev.timer for ev in hangs.values() if ev.rank is not None}
@@ -168,4 +170,5 @@ def cycle_evidence(
         oom_kills=oom_kills,
         health=health,
         preempted=preempted,
+        dead_monitors=dead_monitors,
     )

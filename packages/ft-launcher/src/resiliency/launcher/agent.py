@@ -17,15 +17,15 @@ from typing import Any, cast
 
 from torch.distributed import Store
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from resiliency.ft import MonitorEvent
 from resiliency.launcher._agent_settings import AgentSettings, Outcome
-from resiliency.launcher._config_error import config_error_failures, stop_on_config_error
 from resiliency.launcher._coordination import exit_barrier, failed_elsewhere, stand_by
 from resiliency.launcher._cycle import Cycle
 from resiliency.launcher._diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher._event_pump import EventPump
-from resiliency.launcher._failure_diagnosis import diagnose_cycle, stop_rules_for
+from resiliency.launcher._failure_diagnosis import diagnose_cycle, diagnose_node_end, stop_rules_for
 from resiliency.launcher._goodput_events import GoodputEvents
 from resiliency.launcher._health_watch import HealthWatch
 from resiliency.launcher._job_verdict import EVIDENCE_SLACK_S, JobHangExchange
@@ -38,6 +38,7 @@ from resiliency.launcher._loop_state import (
 )
 from resiliency.launcher._monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher._node_handle import NodeHandle, stopped_result
+from resiliency.launcher._node_leaves import NodeLeaves, unhealthy
 from resiliency.launcher._preemption import (
     env_for,
     is_preempted,
@@ -58,7 +59,7 @@ from resiliency.launcher._workload_control import (
     shutdown_workload,
 )
 from resiliency.launcher.exit_codes import ExitCode
-from resiliency.launcher.health import HealthResult, run_health_checks
+from resiliency.launcher.health import run_health_checks
 from resiliency.launcher.options import FINISHED_FLAG_ENV
 from resiliency.launcher.policy import Decision, GroupObservation, LocalState
 from resiliency.launcher.verdict import HangVerdict
@@ -66,19 +67,6 @@ from resiliency.launcher.verdict import HangVerdict
 __all__ = ["AgentSettings", "FtElasticAgent", "Outcome"]
 
 logger = logging.getLogger(__name__)
-
-
-def _unhealthy(failed: list[HealthResult]) -> Outcome:
-    detail = "; ".join(f"{r.name}: {r.detail}" for r in failed)
-    return Outcome(ExitCode.NODE_EXCLUDED, "node_unhealthy", f"node health check failed: {detail}")
-
-
-class _NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
-    """Raised inside the loop when this node must leave the job."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome.detail)
-        self.outcome = outcome
 
 
 class FtElasticAgent(CompatAgent):
@@ -158,10 +146,10 @@ class FtElasticAgent(CompatAgent):
         return env
 
     def before_rendezvous(self) -> None:
-        """Run the node health checks; an unhealthy node does not (re)join: `_NodeLeaves`."""
+        """Run the node health checks; an unhealthy node does not (re)join: `NodeLeaves`."""
         failed = [r for r in run_health_checks(self._settings.health_checks) if not r.healthy]
         if failed:
-            raise _NodeLeaves(_unhealthy(failed))
+            raise unhealthy(failed)
 
     def after_rendezvous(self, worker_group: WorkerGroup) -> None:
         """Bind the shared round state to the new round's store and start following it."""
@@ -270,7 +258,7 @@ class FtElasticAgent(CompatAgent):
                 f"{self._cycle.ranks.get(local_rank)}) died; its worker is no longer watched"
             )
             logger.error("%s: starting a new monitor and failing the worker group", cause)
-            self._cycle.causes.append(cause)
+            self._cycle.monitor_died(local_rank, cause)
             self._monitors.replace(local_rank)
         hung = bool(self._cycle.diagnosis.hangs)
         return result, loop_state(result, hung=hung, monitor_died=bool(dead))
@@ -311,9 +299,13 @@ class FtElasticAgent(CompatAgent):
             self._health.start()
         try:
             return self._supervise()
-        except _NodeLeaves as leave:
+        except SignalException as got:  # the scheduler's SIGTERM: this node is preempted
+            self._diagnose_end(signal_name=got.sigval.name)
+            raise
+        except NodeLeaves as leave:
             self.outcome = leave.outcome
             logger.error("this node leaves the job: %s", leave.outcome.detail)
+            self._diagnose_end(health=leave.health)
             if self._shared is not None:
                 self._shared.publish_left()
             self.request_shutdown()
@@ -337,9 +329,6 @@ class FtElasticAgent(CompatAgent):
             if state.failed and (preempted := is_preempted(preemption, self.worker_returncodes)):
                 self.outcome = Outcome(ExitCode.PREEMPTED, "preempted", preempted)
                 return self._for_torch(result, state)
-            if state.failed and (bad := config_error_failures(result)):
-                # A restart would fail the same way.
-                return self._end(stop_on_config_error(self._node(), bad))
             # The round watcher's latest state: no store operation per monitoring interval.
             shared = self._watcher.snapshot() if self._watcher is not None else None
 
@@ -351,7 +340,7 @@ class FtElasticAgent(CompatAgent):
                 return self._end(exclude_this_node(self._node(), self._cycle.exclude))
             if self._health is not None and (failed := self._health.failures()):
                 # While workers run, a node that turns unhealthy leaves like ExcludeThisNode.
-                raise _NodeLeaves(_unhealthy(failed))
+                raise unhealthy(failed)
 
             local = policy_state(state)  # a hang is a failed node to the policy
             obs = GroupObservation(
@@ -406,6 +395,12 @@ class FtElasticAgent(CompatAgent):
                 )
                 return self._for_torch(result, state)
 
+    def _diagnose_end(self, **why: Any) -> None:
+        """Record why the job ends here outside a failed cycle (:func:`diagnose_node_end`)."""
+        attempt = self.worker_group.spec.max_restarts - self.remaining_restarts
+        if record := diagnose_node_end(self._node(), self._cycle, attempt, self.goodput, **why):
+            self.diagnoses.append(record)
+
     def _stand_by(self) -> Outcome | None:
         """Min-healthy standby; on rejoining, charge one restart and start the workers."""
         if self._watcher is None:
@@ -428,7 +423,7 @@ class FtElasticAgent(CompatAgent):
     ) -> tuple[RunResult, LoopState]:
         """Carry out an intent of the job's supervisor (``--supervisor``)."""
         if request.action == "exclude":
-            raise _NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", request.detail))
+            raise NodeLeaves(Outcome(ExitCode.NODE_EXCLUDED, "node_excluded", request.detail))
         if request.action == "shutdown":
             self._cycle.shutdown = MonitorEvent(
                 kind="wlc", action="ShutdownWorkload", desc=request.detail

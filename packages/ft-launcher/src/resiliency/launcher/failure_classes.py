@@ -9,10 +9,12 @@ and tested.
 =================  ==================================================================
 class              first matching rule (in this order)
 =================  ==================================================================
-preemption         the cycle ended because the node was preempted (the workers saved an
-                   emergency checkpoint, or the launcher was signalled to stop)
+preemption         the cycle ended because a node was preempted (its launcher got the
+                   scheduler's SIGTERM and its workers saved an emergency checkpoint); the
+                   culprit is that node
 gpu_hardware       a failed rank's error names an ECC error, an Xid or a GPU that fell off
-                   the bus, or a health check of the node failed
+                   the bus, or a GPU health check of the node failed
+node_health        another health check of the node failed (the node leaves the job)
 oom                the kernel's OOM killer killed a process of the node during the cycle
                    and a rank died of SIGKILL; or a rank raised ``OutOfMemoryError`` /
                    ``MemoryError`` ("CUDA out of memory")
@@ -31,9 +33,13 @@ hang_io            a hang whose culprit frame is in a data loader (``torch/utils
 hang_collective    a hang whose culprit is stopped inside ``torch.distributed`` or the
                    autograd engine, or, with no culprit named, every hung rank waits there
 hang               any other hang (no stack: stopped, stuck in C code, or gone)
+node_lost          a node of the round gave no evidence (its launcher is gone) and every
+                   rank that failed elsewhere only lost a peer in a collective
 crash              a rank raised an exception (its type is the evidence)
 signal             a rank was killed by a signal the launcher did not send
 crash              a rank exited with a non-zero code and left no error file
+monitor            a rank monitor died (its worker ran on, unwatched: the launcher failed
+                   the group)
 unknown            no failure of this node's ranks (another node failed)
 =================  ==================================================================
 
@@ -51,12 +57,18 @@ The culprits of a crash, a signal or an exit are the failed ranks that failed on
 
 from __future__ import annotations
 
-import enum
 import re
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from resiliency.launcher._failure_records import (
+    CycleEvidence,
+    FailureClass,
+    FailureVerdict,
+    RankEvidence,
+)
 
 __all__ = [
     "RULES",
@@ -69,37 +81,13 @@ __all__ = [
 ]
 
 
-class FailureClass(str, enum.Enum):
-    """The classes of the table above (the string is what the ledger records)."""
-
-    CRASH = "crash"
-    OOM = "oom"
-    SIGNAL = "signal"
-    NAN_INF = "nan_inf"
-    HANG_COLLECTIVE = "hang_collective"
-    HANG_IO = "hang_io"
-    HANG_CHECKPOINT = "hang_checkpoint"
-    HANG = "hang"
-    GPU_HARDWARE = "gpu_hardware"
-    PREEMPTION = "preemption"
-    CONFIG = "config"
-    UNKNOWN = "unknown"
-
-
 #: The exit code of a rank that ended on a configuration error (``EX_CONFIG``).
 _CONFIG_EXIT = 78
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL)
 _GPU_RE = re.compile(r"\b(ECC|Xid|fallen off the bus|uncorrectable)\b", re.IGNORECASE)
 _OOM_TYPES = ("OutOfMemoryError", "MemoryError")
 _OOM_RE = re.compile(r"out of memory", re.IGNORECASE)
 _CONFIG_TYPES = ("ImportError", "ModuleNotFoundError", "SyntaxError")
 _CONFIG_SUFFIXES = ("ConfigError", "ConfigurationError")
-# A rank that raised one of these lost a peer in a collective: it waited, the peer failed.
-_PEER_LOST_RE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|Read error|"
-    r"DistNetworkError|NCCL communicator was aborted|communicator was aborted",
-    re.IGNORECASE,
-)
 _NAN_RE = re.compile(r"\b(nan|inf|infinity|non-finite|not finite)\b", re.IGNORECASE)
 _CHECKPOINT_PLACES = ("checkpoint", "/torch/serialization.py", "ckpt")
 _IO_PLACES = ("/torch/utils/data/", "/multiprocessing/queues.py")
@@ -109,133 +97,9 @@ _CHECKPOINT_SECTIONS = ("checkpoint", "ckpt", "save", "load")
 _IO_SECTIONS = ("data", "loader", "batch", "io", "read", "input")
 
 
-@dataclass(frozen=True)
-class RankEvidence:
-    """What one failed (or hung) rank left behind.
-
-    Attributes:
-        rank: global rank.
-        node: its node (group rank).
-        exitcode: its exit code; negative: killed by that signal.
-        exc_type: the exception type from its ``@record`` error file, if any.
-        message: the exception message from the error file, if any.
-        frame: its innermost frame when it hung (``name (file:line)``), None without a dump.
-        frame_path: the full file name of that frame.
-        timer: the timer that expired when it hung (``heartbeat``, ``section:<name>``).
-        hung: it hung (its monitor reported it).
-        stopped_by_launcher: the launcher signalled it while it still ran (True), did not
-            (False), or kept no record (None).
-    """
-
-    rank: int
-    node: int
-    exitcode: int | None = None
-    exc_type: str | None = None
-    message: str | None = None
-    frame: str | None = None
-    frame_path: str | None = None
-    timer: str | None = None
-    hung: bool = False
-    stopped_by_launcher: bool | None = None
-
-    @property
-    def signal_name(self) -> str | None:
-        """The signal that killed it, by name (None when it exited)."""
-        if self.exitcode is None or self.exitcode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.exitcode).name
-        except ValueError:
-            return f"signal {-self.exitcode}"
-
-    @property
-    def stopped(self) -> bool:
-        """Killed by SIGTERM or SIGKILL: possibly by the launcher, after another failure."""
-        return self.exitcode is not None and -self.exitcode in _STOP_SIGNALS
-
-    @property
-    def peer_lost(self) -> bool:
-        """It raised an error that says a peer of its collective went away."""
-        text = f"{self.exc_type or ''}: {self.message or ''}"
-        return self.exc_type is not None and bool(_PEER_LOST_RE.search(text))
-
-    def error(self) -> str | None:
-        """The exception as ``Type: message`` (None without an error file)."""
-        if self.exc_type is None:
-            return None
-        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields that carry evidence (None ones left out)."""
-        keys = ("exitcode", "exc_type", "message", "frame", "timer")
-        out: dict[str, Any] = {"rank": self.rank, "node": self.node}
-        out.update({k: getattr(self, k) for k in keys if getattr(self, k) is not None})
-        if self.signal_name is not None:
-            out["signal"] = self.signal_name
-        if self.stopped_by_launcher:
-            out["stopped_by_launcher"] = True
-        return out
-
-
-@dataclass(frozen=True)
-class CycleEvidence:
-    """Everything one node knows about a failed cycle.
-
-    Attributes:
-        node: this node (group rank).
-        attempt: the restart count of the cycle (0: the first attempt).
-        ranks: the failed or hung ranks, by global rank (other nodes' hung ranks included when
-            the job-wide hang verdict named them).
-        hang_culprits: the hang verdict's culprit ranks (empty without a hang or a culprit).
-        common_frame: the frame the waiting ranks were stuck at, if any (``name (file:line)``).
-        oom_kills: processes the kernel's OOM killer killed in this node's cgroup this cycle.
-        health: failed health checks of the node (``name: detail``).
-        preempted: why the cycle counts as a preemption, if it does.
-    """
-
-    node: int
-    attempt: int
-    ranks: Mapping[int, RankEvidence] = field(default_factory=dict)
-    hang_culprits: tuple[int, ...] = ()
-    common_frame: str | None = None
-    oom_kills: int = 0
-    health: tuple[str, ...] = ()
-    preempted: str | None = None
-
-
-@dataclass(frozen=True)
-class FailureVerdict:
-    """The class of a failed cycle, its culprits and the evidence it rests on.
-
-    Attributes:
-        cls: the failure class.
-        culprit_ranks: global ranks to blame (sorted).
-        culprit_nodes: their nodes (group ranks, sorted).
-        cause: the cause in one line (``ValueError: bad batch at step 3``, a frame, a signal).
-        rule: the rule of :data:`RULES` that matched.
-        evidence: what the rule read, JSON-ready.
-    """
-
-    cls: FailureClass
-    culprit_ranks: tuple[int, ...]
-    culprit_nodes: tuple[int, ...]
-    cause: str
-    rule: str
-    evidence: dict[str, Any]
-
-    @property
-    def signature(self) -> tuple[str, tuple[int, ...], str]:
-        """What must repeat for a failure to count as the same one: class, culprits, cause."""
-        return (self.cls.value, self.culprit_ranks, self.cause)
-
-    def summary(self) -> str:
-        """One line for the log."""
-        who = ",".join(map(str, self.culprit_ranks)) or "-"
-        nodes = ",".join(map(str, self.culprit_nodes)) or "-"
-        return f"{self.cls.value} (ranks {who}, nodes {nodes}): {self.cause}"
-
-
-Match = tuple[list[RankEvidence], str] | None
+#: The culprit ranks and the cause; a rule that blames nodes rather than ranks (a preemption,
+#: a lost node, a failed health check) gives them as a third element.
+Match = tuple[list[RankEvidence], str] | tuple[list[RankEvidence], str, tuple[int, ...]] | None
 
 
 @dataclass(frozen=True)
@@ -278,15 +142,44 @@ def _first_error(ranks: list[RankEvidence]) -> Match:
 
 
 def _preemption(ev: CycleEvidence) -> Match:
-    return ([], ev.preempted) if ev.preempted else None
+    if not ev.preempted:
+        return None
+    return ([], ev.preempted, ev.preempted_nodes or (ev.node,))
+
+
+def _gpu_check(check: str) -> bool:
+    return "gpu" in check.lower() or bool(_GPU_RE.search(check))
 
 
 def _gpu(ev: CycleEvidence) -> Match:
     hit = _with_error(ev, lambda r: bool(_GPU_RE.search(r.error() or "")))
     if hit:
         return _first_error(hit)
-    failed = [h for h in ev.health if "gpu" in h.lower() or _GPU_RE.search(h)]
-    return ([], failed[0]) if failed else None
+    failed = [h for h in ev.health if _gpu_check(h)]
+    return ([], failed[0], (ev.node,)) if failed else None
+
+
+def _node_health(ev: CycleEvidence) -> Match:
+    failed = [h for h in ev.health if not _gpu_check(h)]
+    return ([], f"node health check failed: {failed[0]}", (ev.node,)) if failed else None
+
+
+def _node_lost(ev: CycleEvidence) -> Match:
+    """Nodes that gave no evidence, when no rank anywhere failed but by losing a peer."""
+    if not ev.lost_nodes or any(not r.peer_lost for r in _own_failures(ev)):
+        return None
+    nodes = ",".join(map(str, ev.lost_nodes))
+    return ([], f"node(s) {nodes} gone: no evidence from their launcher", ev.lost_nodes)
+
+
+def _monitor(ev: CycleEvidence) -> Match:
+    if not ev.dead_monitors:
+        return None
+    ranks = [
+        ev.ranks.get(rank) or RankEvidence(rank=rank, node=ev.node) for rank in ev.dead_monitors
+    ]
+    which = ",".join(map(str, ev.dead_monitors))
+    return (ranks, f"the rank monitor of rank(s) {which} died; the group was failed")
 
 
 def _oom(ev: CycleEvidence) -> Match:
@@ -416,6 +309,7 @@ def _exit(ev: CycleEvidence) -> Match:
 RULES: tuple[Rule, ...] = (
     Rule(FailureClass.PREEMPTION, "preempted", _preemption),
     Rule(FailureClass.GPU_HARDWARE, "ECC / Xid / GPU health", _gpu),
+    Rule(FailureClass.NODE_HEALTH, "node health check", _node_health),
     Rule(FailureClass.OOM, "OOM kill or OOM exception", _oom),
     Rule(FailureClass.CONFIG, "exit 78 or import / config exception", _config),
     Rule(FailureClass.NAN_INF, "NaN or Inf loss", _nan),
@@ -423,9 +317,11 @@ RULES: tuple[Rule, ...] = (
     Rule(FailureClass.HANG_IO, "hang in a data loader or a read", _hang_io),
     Rule(FailureClass.HANG_COLLECTIVE, "hang in a collective", _hang_collective),
     Rule(FailureClass.HANG, "other hang", _hang),
+    Rule(FailureClass.NODE_LOST, "node gone", _node_lost),
     Rule(FailureClass.CRASH, "exception", _crash),
     Rule(FailureClass.SIGNAL, "killed by a signal", _signal),
     Rule(FailureClass.CRASH, "non-zero exit", _exit),
+    Rule(FailureClass.MONITOR, "rank monitor died", _monitor),
 )
 
 
@@ -442,12 +338,11 @@ def classify(evidence: CycleEvidence) -> FailureVerdict:
         match = rule.test(evidence)
         if match is None:
             continue
-        culprits, cause = match
-        nodes = (
-            sorted({r.node for r in culprits})
-            if culprits
-            else ([evidence.node] if rule.cls is not FailureClass.PREEMPTION else [])
-        )
+        culprits, cause = match[0], match[1]
+        if len(match) == 3:
+            nodes = sorted(set(match[2]))
+        else:
+            nodes = sorted({r.node for r in culprits}) if culprits else [evidence.node]
         return FailureVerdict(
             cls=rule.cls,
             culprit_ranks=tuple(sorted(r.rank for r in culprits)),
@@ -471,6 +366,10 @@ def _evidence(ev: CycleEvidence, culprits: list[RankEvidence]) -> dict[str, Any]
         out["health"] = list(ev.health)
     if ev.preempted:
         out["preempted"] = ev.preempted
+    if ev.lost_nodes:
+        out["lost_nodes"] = list(ev.lost_nodes)
+    if ev.dead_monitors:
+        out["dead_monitors"] = list(ev.dead_monitors)
     return out
 
 

@@ -28,6 +28,9 @@ FAILURE_CLASSES = (
     "gpu_hardware",
     "preemption",
     "config",
+    "node_health",
+    "node_lost",
+    "monitor",
 )
 DECISIONS = ("restart", "restart_without_node", "stop")
 #: What started an in-process restart (resiliency.inprocess; a reader accepts others).
