@@ -14,7 +14,7 @@ emergency checkpoint), one fault each, the kinds taken in turn:
   benchmark configured.
 
 The verdict is every ``diagnosis`` event the launchers wrote into the job's goodput ledger for
-that failure (from the injection to ``--settle`` seconds after the first one): a run's class is
+that failure (from the injection to ``--settle`` (4) seconds after the first one): a run's class is
 right when every event names the expected class, its culprit when the events together name
 exactly the victim (ranks for a rank fault, nodes for a node fault). ``slow`` is right when no
 event is written. A healthy node is excluded when a launcher of a node that was no victim exits
@@ -356,7 +356,7 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, help="keep every run's log and ledger here")
     parser.add_argument("--start-timeout", type=float, default=90.0)
     parser.add_argument("--verdict-timeout", type=float, default=45.0)
-    parser.add_argument("--settle", type=float, default=6.0, help="s after the first verdict")
+    parser.add_argument("--settle", type=float, default=4.0, help="s after the first verdict")
     parser.add_argument("--slow-quiet", type=float, default=12.0, help="s without a verdict")
     parser.add_argument("--json", type=Path, help="write the trials and the summary here")
     args = parser.parse_args()
@@ -367,13 +367,16 @@ def main() -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="diagnosis-score-"))
     print(f"[bench_diagnosis_score] {args.runs} runs, seed {args.seed}, work dir {work}")
     trials = []
+    started = time.monotonic()
     for index in range(args.runs):
         kind = kinds[index % len(kinds)]
         trial = run_trial(index, kind, args.seed, work / f"run{index:03d}-{kind}", args)
         trials.append(trial)
         print(f"[{index}] {trial.truth()} -> {trial.verdict()} ({trial.seconds:.0f} s)", flush=True)
     summary = summarize(trials)
+    summary["seconds"] = round(time.monotonic() - started)
     print_report(summary, trials)
+    print(f"{len(trials)} runs in {summary['seconds'] / 60:.1f} min")
     if args.json is not None:
         payload = {"summary": summary, "trials": [asdict(t) for t in trials]}
         args.json.write_text(json.dumps(payload, indent=2))
