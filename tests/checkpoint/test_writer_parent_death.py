@@ -32,12 +32,14 @@ START_DEADLINE_S = 120.0  # the rank imports torch, the writer starts: slow on a
 GONE_DEADLINE_S = 5.0  # a parent-death SIGKILL takes milliseconds; the import held 300 s
 
 SLOW_TORCH = """\
+import json
 import os
 import pathlib
+import sys
 import time
 
 marker = pathlib.Path(os.environ["WRITER_TEST_IMPORT_MARKER"])
-marker.with_suffix(".tmp").write_text(str(os.getpid()))
+marker.with_suffix(".tmp").write_text(json.dumps({"pid": os.getpid(), "path": sys.path}))
 marker.with_suffix(".tmp").replace(marker)
 time.sleep(300)
 """
@@ -105,10 +107,16 @@ def test_a_writer_still_importing_dies_with_its_sigkilled_rank(
         started = json.loads(_wait_for(tmp_path / "rank.json", START_DEADLINE_S, "rank marker"))
         writer = int(started["writer"])
         pids_to_clean.append(writer)
-        importing = _wait_for(
-            tmp_path / "writer_importing", START_DEADLINE_S, "marker of the writer's import"
+        importing = json.loads(
+            _wait_for(
+                tmp_path / "writer_importing", START_DEADLINE_S, "marker of the writer's import"
+            )
         )
-        assert int(importing) == writer
+        assert importing["pid"] == writer
+        # Its entry ran by path; that folder's modules (client, protocol...) must not shadow
+        # top-level modules in the writer.
+        entry_dir = WRITER_ENTRY.parent.resolve()
+        assert entry_dir not in [Path(p or ".").resolve() for p in importing["path"]]
         assert _parent(writer) == rank.pid
     finally:
         rank.kill()

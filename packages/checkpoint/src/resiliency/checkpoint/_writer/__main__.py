@@ -54,8 +54,9 @@ def _main(argv: list[str]) -> int:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     # Run by its path, this file's folder leads sys.path: its sibling modules (client,
     # protocol, server) must not shadow top-level modules of the same names.
-    here = os.path.dirname(os.path.abspath(__file__))
-    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
+    # (Python resolves a symlinked script's path for sys.path[0]: compare resolved paths.)
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or os.curdir) == here:
         del sys.path[0]
     from resiliency.checkpoint._writer import server  # noqa: PLC0415 -- only after the signal
 
