@@ -1,14 +1,18 @@
-"""A rank raises: time from the fault to every rank's next completed step, and the steps lost.
+"""A rank raises, or is SIGKILLed: time from the fault to every rank's next completed step,
+and the steps lost.
 
-Three setups, side by side in one run, 4 gloo ranks of the same DDP job (a small MLP):
+Three setups per fault, side by side in one run, 4 gloo ranks of the same DDP job (a small MLP):
 
-* in-process restart (``resiliency.inprocess.Wrapper`` under torchrun): the surviving
-  processes keep the model in memory and resume at the step that failed;
-* ``ft-launcher --ft-preimport torch``: every worker is respawned (forked from the fork server)
+* in-process restart (``resiliency.inprocess.Wrapper``): the surviving processes keep the model
+  in memory and resume at the step that failed. For a raise, under torchrun; for a SIGKILL,
+  under ``ft-launcher --ft-preimport ... --ft-inprocess-respawn``, which respawns the dead
+  rank alone, and ``inprocess.Healer`` sends it the state from a live peer;
+* ``ft-launcher --ft-preimport torch,torch._dynamo,...``: every worker is respawned (forked from
+  the fork server)
   and loads the newest checkpoint (saved every ``--ckpt-every`` steps);
 * ``torchrun --max-restarts 1``: every worker is respawned anew and loads that checkpoint.
 
-    python benchmarks/bench_inprocess.py [--repeat 1] [--json PATH]
+    python benchmarks/bench_inprocess.py [--faults raise,kill] [--repeat 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
-fault_step, ckpt_every = int(sys.argv[3]), int(sys.argv[4])
+fault_step, ckpt_every, fault = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 rank = int(os.environ["RANK"])
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 torch.manual_seed(0)
@@ -48,7 +52,7 @@ def record(**fields):
     with open(out / f"rank{rank}.jsonl", "a") as f:
         f.write(json.dumps({"rank": rank, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
 
-def train(iteration):
+def train(iteration, healer=None, call_wrapper=None):
     if mode == "inprocess":  # a store namespace per restart iteration (see docs/inprocess.md)
         base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                              is_master=False, timeout=timedelta(seconds=60))
@@ -58,15 +62,23 @@ def train(iteration):
                                 timeout=timedelta(seconds=60))
     else:  # respawned processes: the launcher's own rendezvous, as any torchrun job does
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    if healer is not None:  # a respawned rank gets the model and optimizer from a peer
+        state["step"] = healer.heal(call_wrapper=call_wrapper).step
     ddp = DistributedDataParallel(model)
     while state["step"] < fault_step + 10:
         if state["step"] == fault_step and rank == 1 and attempt == 0 and iteration == 0:
             record(event="fault", step=state["step"])
+            if fault == "kill":
+                os.kill(os.getpid(), 9)
             raise RuntimeError("injected fault")
         x = torch.randn(32, 64, generator=torch.Generator().manual_seed(state["step"] * 10 + rank))
         opt.zero_grad(set_to_none=True)
         ddp(x).pow(2).mean().backward()
-        opt.step()
+        if healer is not None:
+            with healer.updating(state["step"] + 1):
+                opt.step()
+        else:
+            opt.step()
         state["step"] += 1
         record(event="step", step=state["step"])
         if mode == "respawn" and state["step"] % ckpt_every == 0 and rank == 0:
@@ -80,8 +92,9 @@ if mode == "inprocess":
     from resiliency import inprocess
     wrapper = inprocess.Wrapper(monitor_thread_interval=timedelta(seconds=0.1),
                                 heartbeat_interval=timedelta(seconds=0.5))
+    healer = inprocess.Healer({"model": model, "opt": opt}, step=0) if fault == "kill" else None
     def run(call_wrapper: inprocess.CallWrapper | None = None):
-        train(call_wrapper.iteration)
+        train(call_wrapper.iteration, healer, call_wrapper)
     wrapper(run)()
 else:
     if ckpt.exists():
@@ -93,21 +106,34 @@ else:
 """
 
 SETUPS = ("in-process", "ft-launcher --ft-preimport", "torchrun")
+# What the fork server imports for both ft-launcher setups: torch, and what the worker imports
+# next (building its optimizer imports torch._dynamo, 3.7 s here): a respawned rank then reaches
+# its first collective in about 0.1 s instead of 4 s.
+PREIMPORT = "torch,torch._dynamo,resiliency.inprocess"
+FAULTS = ("raise", "kill")
 
 
-def _command(setup: str, nproc: int, script: Path, out: Path, args: argparse.Namespace) -> list:
-    common = ["--nproc-per-node", str(nproc), "--max-restarts", "1"]
+def _command(
+    setup: str, fault: str, script: Path, out: Path, args: argparse.Namespace
+) -> list[str]:
+    common = ["--nproc-per-node", str(args.nproc), "--max-restarts", "1"]
     mode = "inprocess" if setup == "in-process" else "respawn"
-    if setup == "ft-launcher --ft-preimport":
+    if setup == "ft-launcher --ft-preimport" or (setup == "in-process" and fault == "kill"):
         head = [sys.executable, "-m", "resiliency.launcher", *common, *FT_FLAGS]
-        head += ["--ft-preimport", "torch"]
+        head += ["--ft-preimport", PREIMPORT]
+        if setup == "in-process":  # the dead rank respawned alone, the others in-process
+            # a static rendezvous: the workers' process-group store and the Wrapper's
+            # (MASTER_PORT + 1) at known ports, as under torchrun
+            port = _free_port_pair()
+            head += ["--ft-inprocess-respawn", "--master-addr", "127.0.0.1"]
+            head += ["--master-port", str(port)]
     else:
         # torchrun's c10d rendezvous: its default restarts a gloo group into the previous
         # attempt's store keys and fails (pytorch/pytorch#135712; see _env below)
         endpoint = f"127.0.0.1:{_free_port()}"
         head = [sys.executable, "-m", "torch.distributed.run", *common, "--monitor-interval", "0.1"]
         head += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
-    tail = [str(args.fault_step), str(args.ckpt_every)]
+    tail = [str(args.fault_step), str(args.ckpt_every), fault]
     return [*head, str(script), str(out), mode, *tail]
 
 
@@ -117,6 +143,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _free_port_pair() -> int:
+    """A port P with P+1 free too (the Wrapper's store), below the ephemeral range."""
+    for port in range(21000, 32000, 2):
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports on 127.0.0.1 in 21000-32000")
+
+
 def _env(setup: str) -> dict[str, str]:
     env = dict(os.environ)
     if setup == "torchrun":
@@ -124,14 +163,14 @@ def _env(setup: str) -> dict[str, str]:
     return env
 
 
-def _run(setup: str, workdir: Path, args: argparse.Namespace) -> dict | None:
+def _run(setup: str, fault: str, workdir: Path, args: argparse.Namespace) -> dict | None:
     """One run: fault -> every rank's next completed step (s), and steps lost."""
     out = Path(tempfile.mkdtemp(dir=workdir))
     script = workdir / "bench_inprocess_worker.py"
     script.write_text(WORKER)
     with open(out / "launcher.log", "w") as log:
         proc = subprocess.Popen(
-            _command(setup, args.nproc, script, out, args),
+            _command(setup, fault, script, out, args),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -153,7 +192,8 @@ def _run(setup: str, workdir: Path, args: argparse.Namespace) -> dict | None:
     ]
     faults = [r for r in records if r["event"] == "fault"]
     if proc.returncode != 0 or not faults:
-        print(f"{setup}: no result; log ends:\n{(out / 'launcher.log').read_text()[-3000:]}")
+        tail = (out / "launcher.log").read_text()[-3000:]
+        print(f"{setup}, {fault}: no result; log ends:\n{tail}")
         return None
     t_fault, fault_step = faults[0]["t"], faults[0]["step"]
     next_steps = []
@@ -165,12 +205,13 @@ def _run(setup: str, workdir: Path, args: argparse.Namespace) -> dict | None:
             return None
         next_steps.append(min(after, key=lambda r: r["t"]))
     resumed_from = min(r["step"] for r in next_steps) - 1
+    first_pid = {r["rank"]: r["pid"] for r in sorted(records, key=lambda r: r["t"])[::-1]}
     return {
         "recovery_s": max(r["t"] for r in next_steps) - t_fault,
         "steps_lost": fault_step - resumed_from,
+        # the ranks that did not fail kept their processes (a SIGKILLed rank cannot)
         "same_pids": all(
-            r["pid"] == next(x["pid"] for x in records if x["rank"] == r["rank"])
-            for r in next_steps
+            r["pid"] == first_pid[r["rank"]] for r in next_steps if r["rank"] != faults[0]["rank"]
         ),
     }
 
@@ -181,29 +222,35 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--fault-step", type=int, default=12)
     parser.add_argument("--ckpt-every", type=int, default=5)
+    parser.add_argument("--faults", default=",".join(FAULTS), help="raise, kill or both")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    results: dict[str, list[dict | None]] = {setup: [] for setup in SETUPS}
+    faults = [f for f in args.faults.split(",") if f]
+    if unknown := sorted(set(faults) - set(FAULTS)):
+        parser.error(f"--faults: unknown {unknown}; choose from {', '.join(FAULTS)}")
+    results: dict[str, list[dict | None]] = {f"{f}: {s}": [] for f in faults for s in SETUPS}
     with tempfile.TemporaryDirectory(prefix="bench-inprocess-") as tmp:
         for _ in range(args.repeat):  # alternating, so load drift falls on every setup
-            for setup in SETUPS:
-                results[setup].append(_run(setup, Path(tmp), args))
+            for fault in faults:
+                for setup in SETUPS:
+                    results[f"{fault}: {setup}"].append(_run(setup, fault, Path(tmp), args))
     print(
-        f"rank 1 raises at step {args.fault_step}; {args.nproc} gloo ranks; checkpoint every "
-        f"{args.ckpt_every} steps (respawn setups); fault -> every rank's next completed step "
-        f"(median, min-max, n={args.repeat})"
+        f"rank 1 raises (raise) or is SIGKILLed (kill) at step {args.fault_step}; {args.nproc} "
+        f"gloo ranks; checkpoint every {args.ckpt_every} steps (respawn setups); in-process "
+        "under torchrun (raise) or ft-launcher --ft-preimport --ft-inprocess-respawn (kill); "
+        f"fault -> every rank's next completed step (median, min-max, n={args.repeat})"
     )
-    for setup, runs in results.items():
+    for name, runs in results.items():
         done = [r for r in runs if r is not None]
         if not done:
-            print(f"  {setup:28s} never")
+            print(f"  {name:35s} never")
             continue
         times = [r["recovery_s"] for r in done]
         lost = sorted({r["steps_lost"] for r in done})
-        pids = "same pids" if all(r["same_pids"] for r in done) else "new pids"
+        pids = "others keep pids" if all(r["same_pids"] for r in done) else "new pids"
         print(
-            f"  {setup:28s} {statistics.median(times):7.2f} s ({min(times):.2f}-{max(times):.2f})"
+            f"  {name:35s} {statistics.median(times):7.2f} s ({min(times):.2f}-{max(times):.2f})"
             f"  steps lost {lost}  {pids}"
         )
     if args.json:

@@ -1,10 +1,12 @@
 """``ft-launcher --ft-inprocess-respawn``: a SIGKILLed rank is respawned alone and healed.
 
 4 gloo ranks of tests/inprocess/jobs/train.py (DDP, SGD with momentum, ``inprocess.Healer``)
-under a real ft-launcher with its fork server (``--ft-preimport torch``). Rank 2 kills itself
-with SIGKILL at the start of step 5. The launcher respawns it alone; the three others keep
-their processes, abort in-process and wait at the restart barrier; the new process joins as
-rank 2 and is healed from a peer; no step is lost and the job ends like an unbroken run.
+under a real ft-launcher with its fork server (``--ft-preimport torch,torch._dynamo,...``: the
+job's optimizer imports torch._dynamo, seconds a respawned process would spend importing).
+Rank 2 kills itself with SIGKILL at the start of step 5. The launcher respawns it alone; the
+three others keep their processes, abort in-process and wait at the restart barrier; the new
+process joins as rank 2 and is healed from a peer; no step is lost and the job ends like an
+unbroken run.
 
 The two sides of the agreement (the rejoin file's variable) are checked in test_contracts.py.
 """
@@ -107,7 +109,13 @@ def test_a_sigkilled_rank_is_respawned_alone_joins_and_is_healed_from_a_peer(
         *HEAL,
         "--kill",
         f"2@{FAULT_STEP}",
-        launcher_args=("--ft-inprocess-respawn", "--ft-preimport", "torch", "--max-restarts", "3"),
+        launcher_args=(
+            "--ft-inprocess-respawn",
+            "--ft-preimport",
+            "torch,torch._dynamo,resiliency.inprocess",
+            "--max-restarts",
+            "3",
+        ),
     )
     assert run.returncode == 0, run.output[-8000:]
     first = {s["rank"]: s["pid"] for s in run.starts(0)}
