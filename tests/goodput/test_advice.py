@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,26 @@ def test_the_advised_interval_predicts_a_second_run(known_job: Path, tmp_path: P
     second = _job(tmp_path / "job.n0.jsonl", seed=2, save_every=advised_steps)
     measured = compute(read_ledger([second]), "auto").whole.goodput
     assert tier.goodput_advised == pytest.approx(measured, abs=0.02)
+
+
+def test_every_nodes_own_save_events_do_not_shorten_the_interval(
+    known_job: Path, tmp_path: Path
+) -> None:
+    """Each node's recorder writes its own event for one save, a few ms apart and in either
+    order: the interval is between one node's saves (a real 2-node benchmark ledger advised
+    an interval of -0.03 s and a predicted goodput of 0 before)."""
+    other = []
+    for text in known_job.read_text().splitlines():
+        event = json.loads(text)
+        if event["event"] in ("checkpoint_saved", "checkpoint_loaded"):
+            when = datetime.fromisoformat(event["time"]) - timedelta(milliseconds=30)
+            other.append({**event, "node": "1", "time": when.isoformat()})
+    second = write(tmp_path / "job.n1.jsonl", other)
+    one, both = advise(read_ledger([known_job])), advise(read_ledger([known_job, second]))
+    assert both.primary == one.primary == "persistent"
+    assert both.tiers[0].interval_s == pytest.approx(one.tiers[0].interval_s, abs=0.1)
+    assert both.tiers[0].advised_interval_s == pytest.approx(one.tiers[0].advised_interval_s)
+    assert both.tiers[0].goodput_now == pytest.approx(one.tiers[0].goodput_now, abs=0.001)
 
 
 def test_too_few_failures_says_how_much_more_ledger(tmp_path: Path) -> None:

@@ -176,7 +176,9 @@ def _tier_costs(ledger: Ledger, step_time: float | None) -> list[TierAdvice]:
     total: dict[str, list[float]] = defaultdict(list)
     restores: dict[str, list[float]] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
-    last: dict[tuple[str, int], tuple[float, float]] = {}
+    # Every node (rank) that records writes its own event for the same save: a gap is between
+    # two saves of one writer, never between two writers' events of one save (about 0 s).
+    last: dict[tuple[str, int, str, Any], tuple[float, float]] = {}
     for ev in ledger.events:
         data = ev.data
         if ev.event == "checkpoint_saved":
@@ -184,10 +186,11 @@ def _tier_costs(ledger: Ledger, step_time: float | None) -> list[TierAdvice]:
             blocked[tier].append(float(data["blocked_s"]))
             total[tier].append(float(data["total_s"]))
             start = ev.time - float(data["total_s"])
-            previous = last.get((tier, ev.attempt))
+            writer = (tier, ev.attempt, ev.node, data.get("rank"))
+            previous = last.get(writer)
             if previous is not None:  # work between the two saves: the first one's block out
                 gaps[tier].append(start - previous[0] - previous[1])
-            last[(tier, ev.attempt)] = (start, float(data["blocked_s"]))
+            last[writer] = (start, float(data["blocked_s"]))
         elif ev.event == "checkpoint_loaded" and not data.get("synthetic"):
             restores[str(data["tier"])].append(float(data["duration_s"]))
     return [
