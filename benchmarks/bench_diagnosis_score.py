@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import tempfile
@@ -364,6 +365,8 @@ def main() -> int:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         parser.error(f"unknown kinds {unknown}; choose from {','.join(KINDS)}")
+    # A SIGTERM ends the scoring through the runs' cleanup (each job's launchers stopped).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="diagnosis-score-"))
     print(f"[bench_diagnosis_score] {args.runs} runs, seed {args.seed}, work dir {work}")
     trials = []

@@ -209,3 +209,15 @@ def test_culprit_cause_names_the_node_and_a_missing_dump(real_dumps):
     assert cause is not None and cause.startswith(
         "likely culprit of the hang: rank 1 (node 1, local rank 0, pid 22) with no stack dump"
     )
+
+
+def test_ranks_in_the_emergency_checkpoints_agreement_wait_for_the_rank_without_a_dump():
+    # The scored run (issue 28): rank 0 SIGSTOPped; ranks 1-3 waited in the emergency
+    # checkpoint's per-step agreement, and no rank was named (all at the same frame).
+    agreement = Frame(
+        "/venv/lib/python3.11/site-packages/resiliency/checkpoint/_emergency/agreement.py",
+        172,
+        "poll",
+    )
+    verdict = judge_frames({0: None, 1: agreement, 2: agreement, 3: agreement}, {}, label="v")
+    assert verdict.culprits == (0,), verdict.summary

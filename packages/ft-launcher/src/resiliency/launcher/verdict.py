@@ -33,9 +33,16 @@ _FRAME_RE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<n
 
 
 #: Where a rank waits for its peers: inside torch.distributed (a collective, a barrier, the
-#: store), or in the autograd engine (DDP's gradient all-reduce runs inside backward()). A rank
-#: stopped anywhere else while others wait there is what they wait for.
-_WAITING_PATHS = ("/torch/distributed/", "/torch/autograd/", "/torch/futures/")
+#: store), in the autograd engine (DDP's gradient all-reduce runs inside backward()), or in the
+#: emergency checkpoint's agreement (``EmergencyCheckpoint.should_stop`` agrees on a stop step
+#: with every rank through the store each step). A rank stopped anywhere else while others wait
+#: there is what they wait for.
+_WAITING_PATHS = (
+    "/torch/distributed/",
+    "/torch/autograd/",
+    "/torch/futures/",
+    "/resiliency/checkpoint/_emergency/agreement.py",
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class Frame:
 
     @property
     def waits_for_peers(self) -> bool:
-        """True when this innermost frame is inside torch.distributed or the autograd engine."""
+        """True when this innermost frame waits for peers (:data:`_WAITING_PATHS`)."""
         path = self.filename.replace("\\", "/")
         return any(part in path for part in _WAITING_PATHS)
 
