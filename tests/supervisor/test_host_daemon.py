@@ -26,6 +26,9 @@ def test_host_daemon_gpu_fault_excludes_the_node_of_that_host(backend_url: str, 
     state = tmp_path / "nvml.json"
     state.write_text(json.dumps({"count": 2, "xid": {"1": [79]}}))
     env = dict(os.environ, FAKE_NVML_STATE=str(state), PYTHONPATH=str(FAKE_NVML))
+    # Its output goes to a file: a pipe nobody read could fill and block it, and was left
+    # unclosed (a ResourceWarning, an error under filterwarnings = error).
+    log = (tmp_path / "host_daemon.log").open("wb")
     daemon = subprocess.Popen(
         [
             sys.executable,
@@ -39,9 +42,10 @@ def test_host_daemon_gpu_fault_excludes_the_node_of_that_host(backend_url: str, 
         ],
         env=env,
         start_new_session=True,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
+    log.close()  # the daemon has its own descriptor
     try:
         backend = backend_from_url(backend_url)
         key = keys_for(backend.namespace).host("n1")
