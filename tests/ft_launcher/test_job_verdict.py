@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
+from datetime import timedelta
 from typing import cast
 
 import pytest
 from round_store import RoundStores
+from torch.distributed import TCPStore
 
 from resiliency.launcher import _job_verdict as job_verdict
 from resiliency.launcher._cycle import Cycle
@@ -177,3 +181,35 @@ def test_without_node_0s_verdict_a_node_judges_the_evidence_itself(
         verdict = node1.judge()
     assert "node 0's job-wide hang verdict" in caplog.text
     assert verdict.culprits == (1,) and verdict.nodes[1] == 1
+
+
+def test_a_store_gone_with_its_host_is_logged_and_the_node_judges_alone(caplog) -> None:
+    # The scored run (issue 28): node 0 lost; node 1's launcher died on the round's store.
+    server = subprocess.Popen(
+        [sys.executable, "-c", _STORE_HOST], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(server.stdout.readline())
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        exchange = JobHangExchange(SharedRoundState(client, world=2, rank=1), 1.0)
+        server.kill()
+        server.wait(10)
+        exchange.announce()
+        assert not exchange.contribute(
+            _cycle(_Monitors(), {0: 1}), lambda: None, local=analyze_hang({1: None}), restart=0
+        )
+    finally:
+        server.kill()
+        server.wait(10)
+        server.stdout.close()
+    assert "the round's store is unreachable" in caplog.text
+    assert "cannot announce the hang" in caplog.text
+
+
+_STORE_HOST = (
+    "import sys, time\n"
+    "from torch.distributed import TCPStore\n"
+    "store = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+    "print(store.port, flush=True)\n"
+    "time.sleep(600)\n"
+)

@@ -160,7 +160,10 @@ class JobHangExchange:
         """A monitor of this node found a hang: the other nodes must contribute their evidence."""
         if not self._announced:
             self._announced = True
-            self._shared.store.add(_HANGS, 1)
+            try:
+                self._shared.store.add(_HANGS, 1)
+            except RuntimeError as exc:  # the round's store went with its host
+                logger.error("job-wide hang verdict: cannot announce the hang: %s", exc)
 
     def hang_in_round(self) -> bool:
         """True when a node of this round announced a hang (one store operation)."""
@@ -185,7 +188,15 @@ class JobHangExchange:
         Returns:
             True when this node published (then :meth:`judge` gives the job-wide verdict).
         """
-        if self._published or not self.hang_in_round():
+        try:
+            if self._published or not self.hang_in_round():
+                return False
+        except RuntimeError as exc:  # node 0, the store's host, is gone: judge alone
+            logger.error(
+                "job-wide hang verdict: the round's store is unreachable (%s); this node's "
+                "ranks are judged alone",
+                exc,
+            )
             return False
         if local is None:
             # The failure is elsewhere; this node's ranks still wait where it stopped them.
@@ -196,7 +207,12 @@ class JobHangExchange:
             known = {r: f for f, group in local.by_frame.items() for r in group}
             frames = {rank: known.get(rank) for rank in cycle.ranks.values()}
         shared = self._shared
-        shared.store.set(f"{_EVIDENCE}{shared.rank}", encode_evidence(shared.rank, restart, frames))
+        evidence = encode_evidence(shared.rank, restart, frames)
+        try:
+            shared.store.set(f"{_EVIDENCE}{shared.rank}", evidence)
+        except RuntimeError as exc:  # the store went with its host between two operations
+            logger.error("job-wide hang verdict: the round's store is unreachable (%s)", exc)
+            return False
         self._published = True
         return True
 

@@ -457,7 +457,10 @@ class FtElasticAgent(CompatAgent):
         if local is LocalState.FAILED and self._shared is not None and not self._published_failure:
             # Before the job-wide wait: a node with no hang of its own contributes on seeing it.
             self._published_failure = True
-            self._shared.publish_failed()
+            try:
+                self._shared.publish_failed()
+            except RuntimeError as exc:  # the round's store went with its host (node 0)
+                logger.error("cannot tell the other nodes this node failed: %s", exc)
         if contributed and self._job is not None:
             self._blame(self._job.judge())
         if local is LocalState.FAILED:
