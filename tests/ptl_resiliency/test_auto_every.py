@@ -85,10 +85,8 @@ def _failing_job_ledger(path: Path, failures: int = 4, local_every: int | None =
     path.write_text("\n".join(lines) + "\n")
 
 
-def _fit(work: Path, every: Any) -> tuple[DistributedCheckpointCallback, list[int]]:
-    callback = DistributedCheckpointCallback(
-        work / "ckpt", every_n_train_steps=every, keep_last=None, async_save=False
-    )
+def _train(callback: Any) -> None:
+    """30 steps of a one-process Trainer with ``callback``."""
     trainer = Trainer(
         accelerator="cpu",
         devices=1,
@@ -105,6 +103,13 @@ def _fit(work: Path, every: Any) -> tuple[DistributedCheckpointCallback, list[in
         trainer.fit(Model(0.0))
     finally:
         get_recorder().close()  # the ledger's writer thread (RESILIENCY_GOODPUT_DIR is set)
+
+
+def _fit(work: Path, every: Any) -> tuple[DistributedCheckpointCallback, list[int]]:
+    callback = DistributedCheckpointCallback(
+        work / "ckpt", every_n_train_steps=every, keep_last=None, async_save=False
+    )
+    _train(callback)
     steps = sorted(int(p.parent.name[5:]) for p in (work / "ckpt").glob("step_*/manifest.json"))
     return callback, steps
 
@@ -148,22 +153,7 @@ def _fit_tiers(work: Path, local: Any, persistent: Any) -> tuple[LocalCheckpoint
         local_keep_last=100,
         async_save=False,
     )
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=30,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    try:
-        trainer.fit(Model(0.0))
-    finally:
-        get_recorder().close()
+    _train(callback)
     saved = {
         tier: sorted(int(p.name[5:]) for p in (work / tier).glob("step_*"))
         for tier in ("local", "persistent")
