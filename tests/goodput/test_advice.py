@@ -96,6 +96,32 @@ def test_every_nodes_own_save_events_do_not_shorten_the_interval(
     assert both.tiers[0].goodput_now == pytest.approx(one.tiers[0].goodput_now, abs=0.001)
 
 
+def test_a_ledger_without_launcher_events_counts_its_restarts_as_failures(
+    known_job: Path, tmp_path: Path
+) -> None:
+    """torchrun with only the recorder's callbacks writes no cycle_ended: a cycle that another
+    follows ended in a failure; Lightning's save_last writes each save twice (step=N.ckpt,
+    then last.ckpt, ms apart): one save, its blocking costs added, not a 0 s interval."""
+    lines = []
+    for text in known_job.read_text().splitlines():
+        event = json.loads(text)
+        if event["event"] in ("cycle_ended", "job_ended"):
+            continue
+        lines.append(event)
+        if event["event"] == "checkpoint_saved":
+            when = datetime.fromisoformat(event["time"]) + timedelta(milliseconds=9)
+            lines.append({**event, "time": when.isoformat(), "blocked_s": 0.5, "total_s": 0.5})
+    bare = write(tmp_path / "job.n0.jsonl", lines)
+    known, advice = advise(read_ledger([known_job])), advise(read_ledger([bare]))
+    assert advice.failures == known.failures == 300  # the last cycle is followed by none
+    (tier,) = advice.tiers
+    assert tier.saves == known.tiers[0].saves
+    assert tier.save_blocked_s == pytest.approx(BLOCKED + 0.5)
+    # Not ~0 s: the work between two saves, less the second file's 0.5 s of blocking (the
+    # timeline here was not moved for it).
+    assert tier.interval_s == pytest.approx(known.tiers[0].interval_s - 0.5, abs=0.1)
+
+
 def test_too_few_failures_says_how_much_more_ledger(tmp_path: Path) -> None:
     path = _job(tmp_path / "job.n0.jsonl", seed=3, failures=2)
     advice = advise(read_ledger([path]), "auto")

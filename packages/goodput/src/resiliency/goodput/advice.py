@@ -178,19 +178,33 @@ def _tier_costs(ledger: Ledger, step_time: float | None) -> list[TierAdvice]:
     gaps: dict[str, list[float]] = defaultdict(list)
     # Every node (rank) that records writes its own event for the same save: a gap is between
     # two saves of one writer, never between two writers' events of one save (about 0 s).
-    last: dict[tuple[str, int, str, Any], tuple[float, float]] = {}
+    # Per writer, its last save: (step, start, blocking seconds, index in the tier's lists).
+    last: dict[tuple[str, int, str, Any], tuple[Any, float, float, int]] = {}
     for ev in ledger.events:
         data = ev.data
         if ev.event == "checkpoint_saved":
             tier = str(data["tier"])
-            blocked[tier].append(float(data["blocked_s"]))
-            total[tier].append(float(data["total_s"]))
             start = ev.time - float(data["total_s"])
             writer = (tier, ev.attempt, ev.node, data.get("rank"))
             previous = last.get(writer)
+            if previous is not None and previous[0] == data.get("step"):
+                # One save written as two files (Lightning's ModelCheckpoint with save_last:
+                # step=N.ckpt, then last.ckpt): one save that blocked for both.
+                index = previous[3]
+                blocked[tier][index] += float(data["blocked_s"])
+                total[tier][index] = ev.time - previous[1]
+                last[writer] = (previous[0], previous[1], blocked[tier][index], index)
+                continue
+            blocked[tier].append(float(data["blocked_s"]))
+            total[tier].append(float(data["total_s"]))
             if previous is not None:  # work between the two saves: the first one's block out
-                gaps[tier].append(start - previous[0] - previous[1])
-            last[writer] = (start, float(data["blocked_s"]))
+                gaps[tier].append(start - previous[1] - previous[2])
+            last[writer] = (
+                data.get("step"),
+                start,
+                float(data["blocked_s"]),
+                len(blocked[tier]) - 1,
+            )
         elif ev.event == "checkpoint_loaded" and not data.get("synthetic"):
             restores[str(data["tier"])].append(float(data["duration_s"]))
     return [
@@ -221,7 +235,13 @@ def advise(
     """
     report = report or compute(ledger, reference_step_time)
     whole = report.whole
-    failures = sum(a.cause in FAILURE_CAUSES for a in report.attempts)
+    # A cycle with no recorded end (no launcher wrote one: torchrun with the recorder's
+    # callbacks) that another cycle follows ended in a failure all the same.
+    attempts = report.attempts
+    failures = sum(
+        a.cause in FAILURE_CAUSES or (a.cause is None and i + 1 < len(attempts))
+        for i, a in enumerate(attempts)
+    )
     running = whole.total
     kept = whole.seconds["productive"] + whole.seconds["slowdown"]
     efficiency = whole.seconds["productive"] / kept if kept > 0 else 1.0
