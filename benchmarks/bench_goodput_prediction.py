@@ -6,17 +6,23 @@
 Run A is the goodput benchmark (``bench_goodput.run_setup``: the same real CPU DDP job, both
 setups, torchrun + Lightning and ft-launcher + resiliency) with one fault seed, MTBF and save
 interval. From each setup's ledger of run A alone, ``advise`` measures what the model needs: the
-MTBF that the planned faults turned into, the blocking cost of a save, the restore and restart
-costs, the step efficiency, and the fixed costs (start-up, idle) of the run. Run B then changes
-the seed, the MTBF and the save interval (``--persistent-every`` and, for the toolkit, its
+MTBF that the planned faults turned into, the blocking cost of a save per tier, the restore and
+restart costs, the step efficiency, and the fixed costs (start-up, idle) of the run. Run B then
+changes the seed, the MTBF and the save interval (``--persistent-every`` and, for the toolkit, its
 ``--local-every`` in the same ratio), and the prediction for B, made before B runs, is:
 
     fixed = (start-up + idle of A) / duration
-    M_B   = MTBF measured in A x (planned MTBF of B / planned MTBF of A)
-    goodput_B = (1 - fixed) x step efficiency x Daly(interval_B, save cost, restart + restore, M_B)
+    M_B   = MTBF measured in A x (failures planned for A / failures planned for B)
+    other = product over the other tiers t of (1 - d_t / (interval_t of B + d_t))
+    goodput_B = (1 - fixed) x step efficiency x other x Daly(interval_B, d, restart + restore, M_B)
 
-with Daly's model as in ``resiliency.goodput.advice`` (the tier saved most often: restarts
-restore from it). Then B runs, and the table puts predicted and measured side by side.
+with Daly's model as in ``resiliency.goodput.advice`` for the tier saved most often (restarts
+restore from it). The failures planned are the seeded plan's faults that end an attempt (every
+kind but ``slow``): both plans are known before either run, and with a dozen faults in a run the
+seed's draw, not the ``--mtbf`` given, sets how many failures a run sees (seed 4 at MTBF 80 s
+draws 2 failures and 5 slow ranks in 600 s: 300 s between failures, not 80). Then B runs, and
+the table puts predicted and measured side by side. ``--from DIR`` predicts again from the
+ledgers of a run kept with ``--keep`` (the same options), without running anything.
 
 Each run is ``--duration`` seconds per setup (two setups, two runs: 4 x duration, ~40 min at
 the default). It is not part of ``run.py``.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -38,6 +45,25 @@ from resiliency.goodput import advise, compute, predicted_goodput, read_ledger
 from resiliency.simulator import FaultPlan
 
 SETUPS = ("torchrun", "toolkit")
+#: The simulator's kinds in the benchmark's plans that do not end an attempt: a slowed rank goes on.
+NOT_FAILURES = frozenset({"slow"})
+
+
+def _plan(seed: int, mtbf: float, options: argparse.Namespace) -> FaultPlan:
+    """The seeded fault plan of one run, as ``bench_goodput`` draws it."""
+    args = bench_goodput.parser().parse_args(["--duration", str(options.duration)])
+    return FaultPlan.from_seed(
+        seed,
+        faults=args.faults.split(","),
+        mtbf=mtbf,
+        keep_alive=args.keep_alive,
+        duration=args.duration - 20,
+    )
+
+
+def planned_failures(plan: FaultPlan) -> int:
+    """How many of the plan's faults end an attempt (every kind but a slowed rank)."""
+    return sum(fault.kind not in NOT_FAILURES for fault in plan.faults)
 
 
 def _run(
@@ -60,24 +86,25 @@ def _run(
             str(options.step_time),
         ]
     )
-    plan = FaultPlan.from_seed(
-        seed,
-        faults=args.faults.split(","),
-        mtbf=mtbf,
-        keep_alive=args.keep_alive,
-        duration=args.duration - 20,
-    )
-    ledgers = {}
+    plan = _plan(seed, mtbf, options)
     for setup in SETUPS:
         bench_goodput.run_setup(setup, plan, args, work)
-        ledgers[setup] = work / setup / "ledger"
-    return ledgers
+    return _ledgers(work)
+
+
+def _ledgers(work: Path) -> dict[str, Path]:
+    """The ledger directory of each setup of one run."""
+    return {setup: work / setup / "ledger" for setup in SETUPS}
 
 
 def predict(
-    ledger_dir: Path, step_time: float, mtbf_ratio: float, every_ratio: float, duration: float
+    ledger_dir: Path, step_time: float, failure_ratio: float, every_ratio: float, duration: float
 ) -> dict[str, Any]:
-    """The goodput of run B predicted from run A's ledger (see the module docstring)."""
+    """The goodput of run B predicted from run A's ledger (see the module docstring).
+
+    ``failure_ratio`` is B's planned failures over A's (0 when B plans none), ``every_ratio`` B's
+    save interval over A's.
+    """
     ledger = read_ledger([ledger_dir])
     report = compute(ledger, step_time)
     advice = advise(ledger, step_time, report)
@@ -85,18 +112,27 @@ def predict(
     if tier is None or tier.interval_s is None or advice.mtbf_s is None:
         return {"predicted": None, "why": "run A has no failure or no two saves of a tier"}
     fixed = (report.whole.seconds["startup"] + report.whole.seconds["idle"]) / duration
-    mtbf_b = advice.mtbf_s * mtbf_ratio
+    mtbf_b = advice.mtbf_s / failure_ratio if failure_ratio > 0 else math.inf
     restart = (advice.restart_s or 0.0) + (tier.restore_s or 0.0)
     interval_b = tier.interval_s * every_ratio
-    model = predicted_goodput(interval_b, tier.save_blocked_s, restart, mtbf_b)
+    if math.isinf(mtbf_b):
+        model = interval_b / (interval_b + tier.save_blocked_s)
+    else:
+        model = predicted_goodput(interval_b, tier.save_blocked_s, restart, mtbf_b)
+    # The other tiers' saves block too, each a share d / (interval + d) of the time.
+    other = 1.0
+    for t in advice.tiers:
+        if t is not tier and t.interval_s is not None:
+            other *= 1.0 - t.save_blocked_s / (t.interval_s * every_ratio + t.save_blocked_s)
     return {
-        "predicted": max(1.0 - fixed, 0.0) * advice.step_efficiency * model,
+        "predicted": max(1.0 - fixed, 0.0) * advice.step_efficiency * other * model,
         "tier": tier.tier,
         "mtbf_a_s": advice.mtbf_s,
         "failures_a": advice.failures,
-        "mtbf_b_s": mtbf_b,
+        "mtbf_b_s": mtbf_b if math.isfinite(mtbf_b) else None,
         "interval_b_s": interval_b,
         "save_blocked_s": tier.save_blocked_s,
+        "other_tiers_share": other,
         "restart_s": restart,
         "step_efficiency": advice.step_efficiency,
         "fixed_share": fixed,
@@ -117,39 +153,54 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mtbf-b", type=float, default=80.0)
     p.add_argument("--every-b", type=int, default=20, help="run B: persistent save every N")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        type=Path,
+        help="predict again from the ledgers of a run kept with --keep (run nothing)",
+    )
     return p
 
 
 def main() -> int:
     options = parser().parse_args()
     local_b = max(round(options.local_every_a * options.every_b / options.every_a), 1)
-    work = Path(tempfile.mkdtemp(prefix="bench-goodput-prediction-"))
+    planned_a = planned_failures(_plan(options.seed_a, options.mtbf_a, options))
+    planned_b = planned_failures(_plan(options.seed_b, options.mtbf_b, options))
+    print(f"[bench_goodput_prediction] failures planned: A {planned_a}, B {planned_b}")
+    work = options.from_dir or Path(tempfile.mkdtemp(prefix="bench-goodput-prediction-"))
     rows = []
     try:
-        a = _run(
-            options.seed_a,
-            options.mtbf_a,
-            options.every_a,
-            options.local_every_a,
-            options,
-            work / "a",
-        )
+        if options.from_dir:
+            a = _ledgers(work / "a")
+        else:
+            a = _run(
+                options.seed_a,
+                options.mtbf_a,
+                options.every_a,
+                options.local_every_a,
+                options,
+                work / "a",
+            )
         predictions = {
             setup: predict(
                 a[setup],
                 options.step_time,
-                options.mtbf_b / options.mtbf_a,
+                planned_b / max(planned_a, 1),
                 options.every_b / options.every_a,
                 options.duration,
             )
             for setup in SETUPS
         }
-        b = _run(options.seed_b, options.mtbf_b, options.every_b, local_b, options, work / "b")
+        if options.from_dir:
+            b = _ledgers(work / "b")
+        else:
+            b = _run(options.seed_b, options.mtbf_b, options.every_b, local_b, options, work / "b")
         for setup in SETUPS:
             measured = compute(read_ledger([b[setup]]), options.step_time).whole.goodput
             rows.append({"setup": setup, **predictions[setup], "measured": measured})
     finally:
-        if not options.keep:
+        if not options.keep and not options.from_dir:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{'setup':<10}{'goodput A':>11}{'predicted B':>13}{'measured B':>12}{'error':>8}")
     for row in rows:
@@ -163,7 +214,10 @@ def main() -> int:
     options.results.mkdir(parents=True, exist_ok=True)
     out = options.results / "bench_goodput_prediction.json"
     out.write_text(
-        json.dumps({"options": vars(options) | {"results": None}, "rows": rows}, indent=2)
+        json.dumps(
+            {"options": vars(options) | {"results": None, "from_dir": None}, "rows": rows},
+            indent=2,
+        )
     )
     print(f"[bench_goodput_prediction] wrote {out}")
     return 0
