@@ -30,6 +30,7 @@ from resiliency.inprocess import (
     _stop_rule,
     _torch_compat,
 )
+from resiliency.inprocess._call_params import params_annotated
 from resiliency.inprocess._failed_call import is_collective_error, release
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
@@ -175,26 +176,6 @@ class Wrapper:
         return typing.cast(F, wrapped)
 
 
-def _wants_call_wrapper(fn: Callable[..., Any]) -> list[str]:
-    """Names of ``fn``'s parameters annotated ``CallWrapper`` or ``Optional[CallWrapper]``."""
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable annotations: fall back on the raw ones
-        hints = getattr(fn, "__annotations__", {})
-    names = []
-    for name, hint in hints.items():
-        if name == "return":
-            continue
-        options = typing.get_args(hint) or (hint,)
-        if any(opt is CallWrapper or opt == "CallWrapper" for opt in options) or hint in (
-            "CallWrapper",
-            "Optional[CallWrapper]",
-            "CallWrapper | None",
-        ):
-            names.append(name)
-    return names
-
-
 class CallWrapper:
     """One call of a wrapped function: its state, store and restart loop.
 
@@ -289,7 +270,7 @@ class CallWrapper:
     ) -> Any:
         """Run ``fn`` until it returns on every active rank, restarting it on faults."""
         kwargs = dict(kwargs)
-        for name in _wants_call_wrapper(fn):
+        for name in params_annotated(fn, CallWrapper):
             if kwargs.get(name) is None:
                 kwargs[name] = self
         if self._joining is not None:
