@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
-from resiliency.ft import FAULT_HOOK_SIGNALS
+from resiliency.checkpoint._emergency.monitor_contract import map_termination_mark
+from resiliency.ft import FAULT_HOOK_SIGNALS, IPC_SOCKET_ENV, termination_mark_path_for
+from resiliency.ft._rank_files import TerminationMark
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
 from resiliency.inprocess import _rejoin
 from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV
@@ -79,6 +81,16 @@ COPIES = [
         "resiliency.launcher._contracts:NODE_ID_ENV",
         "resiliency.supervisor:NODE_ID_ENV",
     ),
+    (
+        "the rank monitor's socket",
+        "resiliency.ft:IPC_SOCKET_ENV",
+        "resiliency.checkpoint._emergency.monitor_contract:MONITOR_SOCKET_ENV",
+    ),
+    (
+        "the rank monitor's termination mark",
+        "resiliency.ft:TERMINATION_MARK_NAME",
+        "resiliency.checkpoint._emergency.monitor_contract:TERMINATION_MARK_NAME",
+    ),
 ]
 
 
@@ -119,6 +131,30 @@ def test_exit_info_written_by_a_rank_is_read_by_the_launcher(
         mark.close()
     finally:
         launcher.close()
+
+
+def test_the_monitor_s_termination_mark_is_the_one_the_rank_maps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The monitor writes the mark beside its socket; the rank's map of it sees every change."""
+    socket_path = tmp_path / "rank-3.sock"
+    monkeypatch.setenv(IPC_SOCKET_ENV, str(socket_path))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert map_termination_mark() is None  # no monitor (yet): every SIGTERM counts
+    mark = TerminationMark(termination_mark_path_for(socket_path, 3))
+    mark.create()
+    seen = map_termination_mark()
+    assert seen is not None and seen[0] == 0
+    mark.set(True)
+    assert seen[0] == 1
+    mark.set(False)
+    assert seen[0] == 0
+    # a restarted monitor writes a new file: the old mapping stays readable (no SIGBUS)
+    mark.set(True)
+    mark.create()
+    assert seen[0] == 1
+    seen.close()
+    mark.remove()
 
 
 def test_the_node_ledger_a_recorder_writes_is_the_one_the_sensor_follows(tmp_path: Path) -> None:

@@ -24,7 +24,13 @@ from resiliency.ft.fault_hook import (
 )
 from resiliency.ft.gpu_probe import CRITICAL_XIDS, GpuHealth, GpuProbe, XidEvent
 from resiliency.ft.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
-from resiliency.ft.socket_dir import create_socket_dir, socket_path_for, stack_dump_path_for
+from resiliency.ft.socket_dir import (
+    TERMINATION_MARK_NAME,
+    create_socket_dir,
+    socket_path_for,
+    stack_dump_path_for,
+    termination_mark_path_for,
+)
 from resiliency.ft.state import (
     merge_loaded_timeouts,
     timeouts_from_state_dict,
@@ -47,6 +53,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "NVRX_ONLY_KEYS",
     "PROTOCOL_VERSION",
+    "TERMINATION_MARK_NAME",
     "ConfigError",
     "ConfigNotFoundError",
     "FaultToleranceConfig",
@@ -79,6 +86,7 @@ __all__ = [
     "merge_loaded_timeouts",
     "socket_path_for",
     "stack_dump_path_for",
+    "termination_mark_path_for",
     "timeouts_from_state_dict",
     "timeouts_to_state_dict",
 ]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resiliency.ft._proc import pid_alive
+from resiliency.ft._rank_files import TerminationMark
 from resiliency.ft.config import FaultToleranceConfig
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class HangAction:
         on_done: Called once with the name of the signal that ended the worker (None when it
             was already gone, or when ``terminate`` is False).
         terminate: False to stop after the dump and leave the worker running.
+        termination_mark: Set just before the termination signal and cleared once the worker
+            is gone, so that the worker can tell this termination from a preemption.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class HangAction:
         on_dump: Callable[[str | None], None],
         on_done: Callable[[str | None], None],
         terminate: bool = True,
+        termination_mark: TerminationMark | None = None,
     ) -> None:
         self.pid = pid
         self._start_time = start_time
@@ -75,6 +79,7 @@ class HangAction:
         self._on_dump = on_dump
         self._on_done = on_done
         self._terminate = terminate
+        self._mark = termination_mark
         self.phase = "new"
         self._deadline = 0.0
         self._dump_size = -1
@@ -93,6 +98,7 @@ class HangAction:
         on_dump: Callable[[str | None], None],
         on_done: Callable[[str | None], None],
         terminate: bool = True,
+        termination_mark: TerminationMark | None = None,
     ) -> HangAction:
         """Build the escalation with the signals and delays of ``cfg``; arguments as above."""
         return cls(
@@ -107,6 +113,7 @@ class HangAction:
             on_dump=on_dump,
             on_done=on_done,
             terminate=terminate,
+            termination_mark=termination_mark,
         )
 
     @property
@@ -194,7 +201,10 @@ class HangAction:
         self._on_dump(dump)
         if not self._terminate:
             self._report_done()
-        elif self._signal(self._term_signal):
+            return
+        if self._mark is not None:
+            self._mark.set(True)
+        if self._signal(self._term_signal):
             logger.error("sent %s to %s", self._term_signal.name, self._who)
             self.phase = "terminate"
             self._deadline = now + self._grace
@@ -228,8 +238,14 @@ class HangAction:
 
     def _report_done(self) -> None:
         self.phase = "done"
+        self._clear_mark()
         self._on_done(self._last_signal)
 
     def cancel(self) -> None:
         """Stop escalating (the launcher took over the worker)."""
         self.phase = "done"
+        self._clear_mark()
+
+    def _clear_mark(self) -> None:
+        if self._mark is not None:
+            self._mark.set(False)

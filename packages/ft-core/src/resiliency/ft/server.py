@@ -25,12 +25,12 @@ from resiliency.ft._durations import format_limit, format_timeouts
 from resiliency.ft._hang_action import HangAction
 from resiliency.ft._loop import SocketLoop
 from resiliency.ft._proc import is_same_or_descendant, pid_alive, process_start_time
+from resiliency.ft._rank_files import RankFiles
 from resiliency.ft._rank_watch import ExpiredTimer, Observations, RankWatch
 from resiliency.ft._server_args import parse_server_args
 from resiliency.ft.config import FaultToleranceConfig
 from resiliency.ft.errors import ConfigError, ProtocolError
 from resiliency.ft.protocol import PROTOCOL_VERSION, mismatch_message
-from resiliency.ft.socket_dir import stack_dump_path_for
 from resiliency.ft.timeouts import HeartbeatTimeouts, SectionTimeouts
 from resiliency.ft.workload import WorkloadAction
 
@@ -67,7 +67,8 @@ class RankMonitorServer(SocketLoop):
         super().__init__(socket_path)
         self.cfg = cfg
         self.local_rank = local_rank
-        self.dump_path = stack_dump_path_for(self.socket_path, local_rank)
+        self.files = RankFiles(self.socket_path, local_rank)
+        self.dump_path = self.files.dump_path
         self.hb_timeouts = HeartbeatTimeouts.from_config(cfg)
         self.section_timeouts = SectionTimeouts.from_config(cfg)
         self._obs = Observations()
@@ -84,21 +85,21 @@ class RankMonitorServer(SocketLoop):
             self._start_worker(worker_pid, None, time.monotonic())
 
     def bind(self) -> None:
-        """Listen on the socket and create the (empty, 0600) stack-dump file next to it.
+        """Listen on the socket; create the rank's stack-dump file and termination mark beside it.
 
         Raises:
             ConfigError: The directory is not private, or another monitor listens on the path.
             OSError: The socket or the file cannot be created.
         """
         super().bind()
-        os.close(os.open(self.dump_path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+        self.files.create()
 
     def close(self) -> None:
-        """Close every connection; remove the socket and the stack-dump file."""
+        """Close every connection; remove the socket and the rank's files."""
         bound = self._listener is not None
         super().close()
         if bound:
-            self.dump_path.unlink(missing_ok=True)
+            self.files.remove()
 
     # -- loop hooks ---------------------------------------------------------------------------
 
@@ -353,9 +354,7 @@ class RankMonitorServer(SocketLoop):
             self._watch.rank = rank if rank is not None else self._watch.rank
             return
         if self._action is not None:
-            logger.warning(
-                "a new worker started; stopping the escalation against pid %d", self._action.pid
-            )
+            logger.warning("a new worker: the escalation on pid %d stops", self._action.pid)
             self._action.cancel()
             self._action = None
         self._generation += 1
@@ -462,6 +461,7 @@ class RankMonitorServer(SocketLoop):
             dump_path=dump_path,
             on_dump=on_dump,
             on_done=on_done,
+            termination_mark=self.files.mark,
         )
         self._action.start(now)
         if self._action.done:

@@ -143,6 +143,26 @@ def stack_dump_path_for(socket_path: str | os.PathLike[str], local_rank: int) ->
     return Path(socket_path).parent / f"rank-{local_rank}-stacks.txt"
 
 
+#: The monitor's one-byte termination mark, next to its socket (``{local_rank}`` filled in): 1 from
+#: just before the monitor sends its rank the termination signal for a hang until the rank is
+#: gone, else 0. A rank's emergency checkpoint reads it to tell that signal from a preemption
+#: (resiliency.checkpoint keeps its copy; tests/integration/test_contracts.py holds both).
+TERMINATION_MARK_NAME = "rank-{local_rank}-terminating"
+
+
+def termination_mark_path_for(socket_path: str | os.PathLike[str], local_rank: int) -> Path:
+    """Return the monitor's termination mark of a rank, next to its monitor socket.
+
+    Args:
+        socket_path: The monitor's socket path.
+        local_rank: The local rank.
+
+    Returns:
+        ``<socket directory>/rank-<local_rank>-terminating``.
+    """
+    return Path(socket_path).parent / TERMINATION_MARK_NAME.format(local_rank=local_rank)
+
+
 def peer_credentials(sock: socket.socket) -> PeerCredentials:
     """Read the connected peer's credentials with ``SO_PEERCRED``.
 

@@ -62,6 +62,7 @@ from resiliency.checkpoint._emergency.launcher_contract import (
 from resiliency.checkpoint._emergency.launcher_contract import (
     term_timeout_s as launcher_term_timeout_s,
 )
+from resiliency.checkpoint._emergency.monitor_contract import map_termination_mark
 from resiliency.checkpoint.errors import CheckpointError
 
 __all__ = [
@@ -168,6 +169,7 @@ class EmergencyCheckpoint:
         self._store_error_logged = False
         self._previous: dict[signal.Signals, Any] = {}
         self._stop_mark = map_stop_mark()
+        self._monitor_mark = map_termination_mark()
         self._install(warn_on_replace)
 
     check_lead = staticmethod(check_lead)
@@ -212,10 +214,12 @@ class EmergencyCheckpoint:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only record: no I/O, no lock, no collective in a signal handler. The one exception
-        # reads a byte of memory: ft-launcher sets it while it stops the workers itself (a
-        # restart after a failure), and then this SIGTERM is no preemption: die as without us,
-        # instead of holding the restart up with a save its peers cannot join.
-        if self._stop_mark is not None and self._stop_mark[0] == 1:
+        # reads two bytes of memory: ft-launcher sets one while it stops the workers itself (a
+        # restart after a failure), this rank's monitor the other before it terminates this
+        # rank for a hang. Then this SIGTERM is no preemption: die as without us, instead of
+        # holding the restart up with a save (or a stop proposed to every rank) that the peers
+        # cannot join.
+        if any(mark is not None and mark[0] == 1 for mark in (self._stop_mark, self._monitor_mark)):
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
             return
@@ -229,9 +233,10 @@ class EmergencyCheckpoint:
 
     def close(self) -> None:
         """Restore the signal handlers that were installed before this object (idempotent)."""
-        if self._stop_mark is not None:
-            self._stop_mark.close()
-            self._stop_mark = None
+        for mark in (self._stop_mark, self._monitor_mark):
+            if mark is not None:
+                mark.close()
+        self._stop_mark = self._monitor_mark = None
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
