@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -244,6 +244,26 @@ def _leaving(
     return _record(verdict, decision, goodput)
 
 
+def _store_host_gone(
+    node: NodeHandle, cycle: Cycle, *, attempt: int, goodput: GoodputEvents, lost: tuple[int, ...]
+) -> dict[str, Any]:
+    """The rendezvous store's host is gone: close the cycle as ``node_lost`` and stop.
+
+    Returns:
+        The record for ``--exit-status-file``'s ``diagnoses``.
+    """
+    goodput.cycle_ended()
+    evidence = replace(_evidence(node.group.group_rank or 0, cycle, attempt, {}), lost_nodes=lost)
+    why = "the rendezvous store's host is gone"
+    verdict = classify(evidence)
+    if verdict.cls is not FailureClass.NODE_LOST:  # no node to name: the rule needs one
+        verdict = FailureVerdict(FailureClass.NODE_LOST, (), (), why, "store host gone", {})
+    decision = StopDecision(
+        Action.STOP, "store_host_lost", f"{why}: the job cannot go on under c10d rendezvous"
+    )
+    return _record(verdict, decision, goodput)
+
+
 def diagnose_node_end(
     node: NodeHandle,
     cycle: Cycle,
@@ -252,6 +272,7 @@ def diagnose_node_end(
     *,
     signal_name: str | None = None,
     health: tuple[str, ...] = (),
+    lost: tuple[int, ...] | None = None,
 ) -> dict[str, Any] | None:
     """Diagnose how the job ends on this node outside a failed cycle.
 
@@ -264,10 +285,14 @@ def diagnose_node_end(
             scheduler's stop) is a preemption of this node; SIGINT and the others are a user's
             stop, not a failure, and get no verdict.
         health: the failed health checks, when this node leaves for them.
+        lost: when the rendezvous store's host is gone, the node(s) lost with it (empty when
+            unknown): a ``node_lost`` verdict and a stop.
 
     Returns:
         The record for ``--exit-status-file``'s ``diagnoses``; None when there is no verdict.
     """
+    if lost is not None:
+        return _store_host_gone(node, cycle, attempt=attempt, goodput=goodput, lost=lost)
     if health:
         return _leaving(node, cycle, attempt=attempt, goodput=goodput, health=health)
     if signal_name == "SIGTERM":

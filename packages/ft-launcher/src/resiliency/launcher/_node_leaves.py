@@ -6,7 +6,10 @@ from resiliency.launcher._agent_settings import Outcome
 from resiliency.launcher.exit_codes import ExitCode
 from resiliency.launcher.health import HealthResult
 
-__all__ = ["NodeLeaves", "unhealthy"]
+__all__ = ["LEFT_ON_ITS_OWN", "NodeLeaves", "unhealthy"]
+
+#: The outcomes of a node that left on its own: the rendezvous stays open for the others.
+LEFT_ON_ITS_OWN = ("node_excluded", "node_unhealthy", "finished_on_healthy_nodes")
 
 
 class NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
@@ -15,12 +18,21 @@ class NodeLeaves(Exception):  # noqa: N818 - control flow, not an error
     Attributes:
         outcome: how the job ends on this node.
         health: the failed health checks (``name: detail``) when they are the reason.
+        lost: when the rendezvous store's host is gone, the node(s) lost with it (empty when
+            this node cannot tell which); None otherwise.
     """
 
-    def __init__(self, outcome: Outcome, health: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        outcome: Outcome,
+        health: tuple[str, ...] = (),
+        *,
+        lost: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__(outcome.detail)
         self.outcome = outcome
         self.health = health
+        self.lost = lost
 
 
 def unhealthy(failed: list[HealthResult]) -> NodeLeaves:

@@ -38,7 +38,7 @@ from resiliency.launcher._loop_state import (
 )
 from resiliency.launcher._monitors import MONITOR_SOCKET_ENV, MonitorSet
 from resiliency.launcher._node_handle import NodeHandle, stopped_result
-from resiliency.launcher._node_leaves import NodeLeaves, unhealthy
+from resiliency.launcher._node_leaves import LEFT_ON_ITS_OWN, NodeLeaves, unhealthy
 from resiliency.launcher._preemption import (
     env_for,
     is_preempted,
@@ -50,6 +50,7 @@ from resiliency.launcher._respawn import Respawner
 from resiliency.launcher._round_watch import RoundWatcher
 from resiliency.launcher._shared_state import SharedRoundState
 from resiliency.launcher._startup_watch import StartupWatch
+from resiliency.launcher._store_host_lost import nodes_waiting
 from resiliency.launcher._supervision import NodeView, Supervision, SupervisorRequest
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
 from resiliency.launcher._worker_groups import WorkerProcessGroups
@@ -305,8 +306,8 @@ class FtElasticAgent(CompatAgent):
         except NodeLeaves as leave:
             self.outcome = leave.outcome
             logger.error("this node leaves the job: %s", leave.outcome.detail)
-            self._diagnose_end(health=leave.health)
-            if self._shared is not None:
+            self._diagnose_end(health=leave.health, lost=leave.lost)
+            if self._shared is not None and leave.lost is None:  # None: the store is there
                 self._shared.publish_left()
             self.request_shutdown()
             return stopped_result(self.worker_group)
@@ -347,7 +348,7 @@ class FtElasticAgent(CompatAgent):
                 local=local,
                 nodes_in_group=group.group_world_size or 1,
                 failed_nodes=failed_elsewhere(shared, self._published_failure),
-                nodes_waiting=spec.rdzv_handler.num_nodes_waiting(),
+                nodes_waiting=nodes_waiting(group),
                 min_nodes=self._settings.min_nodes,
                 remaining_restarts=self.remaining_restarts,
             )
@@ -490,8 +491,4 @@ class FtElasticAgent(CompatAgent):
 
     def leaves_rendezvous_open(self) -> bool:
         """True when this node left on its own and must not close the rendezvous for the rest."""
-        return self.outcome is not None and self.outcome.reason in (
-            "node_excluded",
-            "node_unhealthy",
-            "finished_on_healthy_nodes",
-        )
+        return self.outcome is not None and self.outcome.reason in LEFT_ON_ITS_OWN
