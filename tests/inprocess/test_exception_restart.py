@@ -7,7 +7,7 @@ a real TCPStore hosted by rank 0.
 from __future__ import annotations
 
 import pytest
-from inprocess_harness import FAULT_STEP, Run, Torchrun, assert_resumed_like_unbroken
+from inprocess_harness import FAULT_STEP, NPROC, Run, Torchrun, assert_resumed_like_unbroken
 
 
 @pytest.mark.slow
@@ -54,3 +54,15 @@ def test_a_rank_that_fails_its_health_check_leaves_with_a_clear_error(torchrun: 
     # rank 3 never trains again; whoever did before torchrun stopped them resumed at one step
     assert 3 not in {s["rank"] for s in run.starts(1)}
     assert {s["step"] for s in run.starts(1)} <= {FAULT_STEP}
+
+
+@pytest.mark.slow
+def test_the_failed_calls_model_and_process_group_are_freed_before_the_next_call(
+    torchrun: Torchrun, unbroken: Run
+) -> None:
+    run = torchrun.run("--raise", f"2@{FAULT_STEP}", "--check-freed")
+    assert_resumed_like_unbroken(run, unbroken, iteration=1)
+    freed = [r for r in run.records if r["event"] == "freed"]
+    assert sorted(r["rank"] for r in freed) == list(range(NPROC)), run.output[-6000:]
+    # every rank: iteration 0's DistributedDataParallel and ProcessGroup are gone
+    assert all(r["alive"] == [] for r in freed), freed

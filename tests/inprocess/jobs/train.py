@@ -31,6 +31,9 @@ before DDP is built and records a ``heal`` line, and the optimizer step is ``Hea
   --forget R              at iteration 1, rank R re-initialises its model and optimizer as a
                           new process would (its state is missing)
 
+``--check-freed``: every iteration after the first records a ``freed`` line: whether the
+previous iteration's DDP model and process group were freed (weak references) by then.
+
 ``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
@@ -44,6 +47,7 @@ import os
 import signal
 import sys
 import time
+import weakref
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -84,6 +88,7 @@ class Job:
         self.model = torch.nn.Linear(4, 3).to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=args.momentum)
         self.step = 0
+        self.previous: list[weakref.ref] = []  # the last iteration's DDP model and group
         self.healer = (
             inprocess.Healer({"model": self.model, "optimizer": self.opt}, per_rank=self.per_rank)
             if args.heal
@@ -169,6 +174,11 @@ class Job:
             self.step = result.step
             self.record(event="heal", iteration=iteration, **asdict(result))
         ddp = DistributedDataParallel(self.model)
+        if self.args.check_freed:
+            if iteration > 0:
+                alive = [type(ref()).__name__ for ref in self.previous if ref() is not None]
+                self.record(event="freed", iteration=iteration, alive=alive)
+            self.previous = [weakref.ref(ddp), weakref.ref(dist.group.WORLD)]
         self.record(event="start", iteration=iteration, step=self.step, params=params(self.model))
         while self.step < self.args.steps:
             self.fault(iteration)
@@ -235,6 +245,7 @@ def main() -> int:
     parser.add_argument("--forget", type=int, action="append", default=[])
     parser.add_argument("--soft", type=float, default=30.0)
     parser.add_argument("--hard", type=float, default=60.0)
+    parser.add_argument("--check-freed", action="store_true")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     args = parser.parse_args()

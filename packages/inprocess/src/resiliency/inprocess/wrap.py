@@ -31,7 +31,7 @@ from resiliency.inprocess import (
     _torch_compat,
 )
 from resiliency.inprocess._call_params import params_annotated
-from resiliency.inprocess._failed_call import is_collective_error, release
+from resiliency.inprocess._failed_call import Fence, is_collective_error, release
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
@@ -200,6 +200,7 @@ class CallWrapper:
         self._marks = 0  # progress marks of this iteration: ping() and completed atomic()
         self._joining: int | None = None  # the running job's iteration a respawned rank joins
         self._hosting = False
+        self._fence = Fence()  # a failed call's objects are freed without a full heap scan
         try:
             raw, self._store_ports, self._hosting = open_store(
                 wrapper.store_factory,
@@ -246,6 +247,7 @@ class CallWrapper:
             if self._heartbeat is not None:
                 self._heartbeat.stop(self.timeouts["heartbeat_interval"] + 1.0)
             self.interrupter.close()
+            self._fence.open()
 
     @property
     def iteration(self) -> int:
@@ -320,6 +322,7 @@ class CallWrapper:
         self._monitor = monitor
         started = time.monotonic()
         monitor.start()
+        self._fence.close()
         try:
             if self.wrapper.initialize is not None:
                 self.wrapper.initialize(state.freeze())
@@ -464,7 +467,7 @@ class CallWrapper:
             raise
         met = time.monotonic()
         if exc is not None:
-            release(exc)
+            release(exc, self._fence)
         lost = [r for r in self._members if r not in survivors]
         ranks_then = [store.rank_in(it, r) for r in lost]  # numbered as in iteration ``it``
         terminated_now = {r for r in ranks_then if r is not None}
