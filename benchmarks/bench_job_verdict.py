@@ -1,6 +1,9 @@
 """Cost of the job-wide hang verdict as the job grows: store operations per node and time.
 
-One real TCPStore (what a launcher's round uses) and N simulated nodes of R ranks each, using
+One real TCPStore (what a launcher's round uses), or with ``--etcd`` a real single-member etcd
+started for the run (the ``etcd`` binary; the supervisor's etcd backend through the launcher's
+``BackendStore``, one client per simulated node, its round trips counted by the backend), and N
+simulated nodes of R ranks each, using
 the launcher's own exchange (``JobHangExchange``): one node's ranks are stuck in a file read,
 every other rank waits in an all-reduce. Every node announces or looks for the hang and
 publishes its evidence (from 32 client threads, each with its own connection); then:
@@ -12,7 +15,7 @@ publishes its evidence (from 32 client threads, each with its own connection); t
 - for comparison, what the design before this one cost: every node reading every node's
   evidence at once.
 
-    python benchmarks/bench_job_verdict.py [--nodes 1000] [--ranks 8] [--json out.json]
+    python benchmarks/bench_job_verdict.py [--nodes 1000] [--ranks 8] [--etcd] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
+from _etcd_process import EtcdProcess
 
+from resiliency.launcher._backend_store import BackendStore
 from resiliency.launcher._job_verdict import JobHangExchange
 from resiliency.launcher._shared_state import SharedRoundState
 from resiliency.launcher.verdict import Frame, judge_frames
@@ -72,20 +77,42 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--sample", type=int, default=5, help="nodes whose verdict read is timed")
+    parser.add_argument("--etcd", action="store_true", help="a real etcd instead of a TCPStore")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if not args.etcd:
+        return _run(args, None)
+    with EtcdProcess() as etcd:
+        return _run(args, etcd.url("bench"))
+
+
+def _run(args: argparse.Namespace, etcd_url: str | None) -> int:
     n, r, victim = args.nodes, args.ranks, args.nodes // 2
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     local = threading.local()
+    engine = "one TCPStore" if etcd_url is None else "one etcd (supervisor backend)"
 
     def connection() -> Any:
+        if etcd_url is not None:
+            from resiliency.supervisor import backend_from_url  # noqa: PLC0415 - an extra
+
+            # One client per call: each simulated node's round trips are its backend's count.
+            backend = backend_from_url(etcd_url, timeout=60)
+            backend.ops.clear()  # the connection's own check, made once per job, not counted
+            return BackendStore(backend, "round1/", 120)
         if not hasattr(local, "store"):
             local.store = dist.TCPStore(
                 "127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=120)
             )
         return dist.PrefixStore("round1/", local.store)
 
+    def round_trips(store: Any) -> Counter[str]:
+        # The engine's own count where there is one (etcd), else the calls made.
+        inner = getattr(store, "_store", store)
+        return Counter(inner.backend.ops) if isinstance(inner, BackendStore) else store.ops
+
     counters: dict[int, CountingStore] = {}
+    judged: dict[int, Counter[str]] = {}
 
     def publish(node: int) -> None:
         store = counters[node] = CountingStore(connection())
@@ -113,7 +140,10 @@ def main() -> int:
         exchange = JobHangExchange(SharedRoundState(store, world=n, rank=node), wait_s=60)
         t0 = time.perf_counter()
         verdict = exchange.judge()
-        return time.perf_counter() - t0, verdict
+        elapsed = time.perf_counter() - t0
+        if etcd_url is not None:
+            judged[node] = round_trips(store)
+        return elapsed, verdict
 
     # Each node runs on its own machine: time the critical path node by node, not all the
     # nodes' Python on this machine's cores at once.
@@ -142,8 +172,12 @@ def main() -> int:
         list(pool.map(read_all, range(n)))
     all_read_s = time.perf_counter() - start
 
+    if etcd_url is not None:  # the backend's round trips: publish's client plus judge's
+        for node, c in counters.items():
+            c.ops = round_trips(c) + judged.get(node, Counter())
     ops = {node: sum(c.ops.values()) for node, c in counters.items() if node <= args.sample}
     result = {
+        "engine": engine,
         "nodes": n,
         "ranks_per_node": r,
         "culprit_nodes": culprit_nodes,
@@ -159,7 +193,7 @@ def main() -> int:
         "before_every_node_reads_all_evidence_s": all_read_s,
     }
     print(
-        f"{n} nodes x {r} ranks, one TCPStore: one verdict, naming node(s) {culprit_nodes} "
+        f"{n} nodes x {r} ranks, {engine}: one verdict, naming node(s) {culprit_nodes} "
         f"({len(verdict.culprits)} ranks)\n"
         f"  node 0 reads every node's evidence, judges and publishes: {judge_s:.3f} s\n"
         f"  a node reads and decodes the verdict: {read_s:.3f} s (median of {args.sample})\n"
