@@ -44,6 +44,9 @@ FLAGS = [
     "--workers-stop-timeout",
     "3",
     "--no-gpu-health-check",
+    # Both attempts' ranks fork from a server that imported torch once (1 import instead of 4).
+    "--ft-preimport",
+    "torch",
 ]
 
 

@@ -38,6 +38,10 @@ def test_sections_example_survives_a_hang_in_a_section(tmp_path: Path):
     launcher = Launcher(
         [
             *FLAGS,
+            # Both attempts' ranks fork from a server that imported torch once (as a user's job
+            # can): 1 import of torch instead of 4. auto_resume below keeps the plain start.
+            "--ft-preimport",
+            "torch",
             "--max-restarts",
             "1",
             "--ft-rank-heartbeat-timeout",
