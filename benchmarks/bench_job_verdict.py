@@ -34,7 +34,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
-from _etcd_process import EtcdProcess
 
 from resiliency.launcher._backend_store import BackendStore
 from resiliency.launcher._job_verdict import JobHangExchange
@@ -82,7 +81,11 @@ def main() -> int:
     args = parser.parse_args()
     if not args.etcd:
         return _run(args, None)
-    with EtcdProcess() as etcd:
+    # The tests' throw-away etcd (tests/etcd_server.py, standard library only).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from etcd_server import EtcdServer  # noqa: PLC0415 - found on the path set just above
+
+    with EtcdServer() as etcd:
         return _run(args, etcd.url("bench"))
 
 

@@ -9,14 +9,12 @@ to etcd each (the backend counts them).
 
 from __future__ import annotations
 
-import shutil
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from etcd_server import ETCD, SKIP_ETCD, EtcdServer, etcd_required
 
 from resiliency.launcher._backend_store import BackendStore, BackendStoreTimeoutError
 from resiliency.launcher._job_verdict import JobHangExchange
@@ -24,25 +22,22 @@ from resiliency.launcher._shared_state import SharedRoundState, StoreWaitTimeout
 from resiliency.launcher.verdict import Frame, judge_frames
 from resiliency.supervisor import backend_from_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from _etcd_process import EtcdProcess
-
-pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd binary")
-
 _ALL_REDUCE = Frame("/torch/distributed/distributed_c10d.py", 2800, "all_reduce")
 _READ = Frame("/job/data/loader.py", 41, "read_shard")
 
 
 @pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdProcess]:
-    server = EtcdProcess()
-    yield server
-    server.stop()
+def etcd() -> Iterator[EtcdServer]:
+    if ETCD is None:
+        if etcd_required():
+            pytest.fail(SKIP_ETCD + ", but RESILIENCY_REQUIRE_ETCD=1")
+        pytest.skip(SKIP_ETCD)
+    with EtcdServer() as server:
+        yield server
 
 
 @pytest.fixture
-def connect(etcd: EtcdProcess, request: pytest.FixtureRequest):
+def connect(etcd: EtcdServer, request: pytest.FixtureRequest):
     job = request.node.name.replace("[", "-").replace("]", "")
     backends = []
 

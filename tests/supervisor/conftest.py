@@ -4,78 +4,18 @@ authentication on (skipped without the binaries), all three behind one parametri
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from secure_etcd import ETCD, ETCDCTL, OPENSSL, SecureEtcd, free_port
+from etcd_server import ETCD, SKIP_ETCD, EtcdServer, etcd_required, free_port
+from secure_etcd import ETCDCTL, OPENSSL, SecureEtcd
 
 from resiliency.supervisor import Backend, backend_from_url
 
-SKIP_ETCD = "the etcd binary is not installed (apt-get install etcd-server)"
 SKIP_TLS = "the TLS etcd needs etcdctl and openssl (apt-get install etcd-client openssl)"
-
-
-class EtcdServer:
-    """A throw-away single-member etcd on loopback."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        peer = free_port()
-        self.log_path = data_dir.parent / "etcd.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                str(ETCD),
-                "--data-dir",
-                str(data_dir),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{self.port}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{self.port}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{peer}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{peer}",
-                "--log-level",
-                "warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    pass
-                backend_from_url(self.url()).close()
-                return
-            except Exception:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("etcd did not answer within 30 s")
-
-    def url(self, job: str = "default") -> str:
-        return f"etcd://127.0.0.1:{self.port}/{job}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +29,7 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 def _require(missing: bool, reason: str) -> None:
     if not missing:
         return
-    if os.environ.get("RESILIENCY_REQUIRE_ETCD") == "1":  # set by .ci/run: CI must run them
+    if etcd_required():
         pytest.fail(reason + ", but RESILIENCY_REQUIRE_ETCD=1")
     pytest.skip(reason)
 

@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,16 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
-ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
 OPENSSL = shutil.which("openssl")
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _openssl(*args: str, cwd: Path) -> None:

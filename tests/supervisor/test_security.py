@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from secure_etcd import ETCD, SecureEtcd, free_port
+from etcd_server import ETCD, free_port
+from secure_etcd import SecureEtcd
 
 from resiliency.supervisor import (
     BackendAuthError,
