@@ -261,11 +261,18 @@ class CallWrapper:
         self._marks += 1
 
     @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """A block the abort never runs in the middle of (e.g. an optimizer step)."""
+    def atomic(self, *, progress: bool = True) -> Iterator[None]:
+        """A block the abort never runs in the middle of (e.g. an optimizer step).
+
+        Args:
+            progress: whether a completed block counts as progress for the stop rule
+                (``max_repeated_faults``); False for clean-up that every failed attempt also
+                runs, such as closing a checkpoint manager in a ``finally``.
+        """
         with self.atomic_lock:
             yield
-            self._marks += 1  # a completed block is progress (the stop rule)
+            if progress:
+                self._marks += 1
 
     def __call__(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -1,0 +1,121 @@
+"""FSDP2 (``fully_shard``) on gloo under ``inprocess.Wrapper``: on a fault, every rank rolls back
+in the same process to the newest step that every rank holds in its local checkpoint tier.
+
+Run by torchrun (2 ranks). No peer holds a copy of a sharded rank's state, so nothing is healed
+from memory: the training function builds the model, the optimizer and a ``CheckpointManager``
+with a ``LocalTier`` at every iteration, on the new process group, and ``load`` restores the
+newest step that verifies on every rank (one step, agreed by all ranks). The manager is closed
+in a ``finally`` inside the function, so a restart never leaves its writer behind.
+
+Each rank appends JSON lines to OUT/rank<rank>.jsonl: ``start`` (pid, iteration, the step
+resumed from, this rank's shard of the parameters), ``params`` after every step, ``closed``.
+  --raise R@N   rank R raises at the start of step N in iteration 0
+  --stale R     at iteration 1, rank R loses its newest local step (its save never landed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from resiliency import inprocess
+from resiliency.checkpoint import AppState, CheckpointManager, LocalTier
+
+RANK = int(os.environ["RANK"])
+
+
+def shard(model: torch.nn.Module) -> list[float]:
+    """This rank's shard of every parameter (DTensor's local part)."""
+    return [float(v) for p in model.parameters() for v in p.to_local().flatten()]  # type: ignore[operator]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--every", type=int, default=3)
+    parser.add_argument("--raise", dest="raise_", default="")
+    parser.add_argument("--stale", type=int, default=-1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    fault_rank, _, fault_step = args.raise_.partition("@")
+    log_path = args.out / f"rank{RANK}.jsonl"
+    local = args.out / "local"
+
+    def record(**fields: object) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps({"rank": RANK, "pid": os.getpid(), **fields}) + "\n")
+
+    @inprocess.Wrapper(
+        monitor_thread_interval=timedelta(seconds=0.2),
+        heartbeat_interval=timedelta(seconds=0.5),
+        soft_timeout=timedelta(seconds=60),
+        hard_timeout=timedelta(seconds=90),
+        barrier_timeout=timedelta(seconds=120),
+    )
+    def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
+        assert call_wrapper is not None
+        it = call_wrapper.iteration
+        base = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=60),
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"fsdp/{it}", base),
+            rank=RANK,
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timedelta(seconds=60),
+        )
+        torch.manual_seed(0)  # the initial weights; the step's own are loaded below
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        tier = LocalTier(local, every=args.every, replicas=0, node=f"node{RANK}")
+        mgr = CheckpointManager(None, tiers=[tier])
+        try:
+            if it == 1 and args.stale == RANK:
+                newest = max(mgr.steps())
+                shutil.rmtree(local / f"step_{newest:09d}" / f"shard_{RANK}")
+            # the optimizer's state too (momentum): AppState goes through get_state_dict
+            state = {"app": AppState(model, opt)}
+            step = mgr.load(state) or 0
+            record(event="start", iteration=it, step=step, params=shard(model))
+            while step < args.steps:
+                if it == 0 and str(RANK) == fault_rank and step == int(fault_step):
+                    raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
+                g = torch.Generator().manual_seed(1000 * step + RANK)
+                opt.zero_grad(set_to_none=True)
+                model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
+                opt.step()
+                step += 1
+                record(event="params", iteration=it, step=step, params=shard(model))
+                mgr.save(step, state)
+            mgr.wait()
+        finally:
+            # Stops this iteration's writer (the next iteration builds its own manager on its
+            # new group). Shielded: a peer's fault seen by the monitor waits for it, instead
+            # of interrupting it half-way and leaving the writer behind; not progress.
+            with call_wrapper.atomic(progress=False):
+                mgr.close()
+                record(event="closed", iteration=it)
+        dist.destroy_process_group()
+
+    train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
