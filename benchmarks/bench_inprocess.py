@@ -53,6 +53,7 @@ def record(**fields):
         f.write(json.dumps({"rank": rank, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
 
 def train(iteration, healer=None, call_wrapper=None):
+    record(event="enter", iteration=iteration)
     if mode == "inprocess":  # a store namespace per restart iteration (see docs/inprocess.md)
         base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                              is_master=False, timeout=timedelta(seconds=60))
@@ -198,12 +199,14 @@ def _run(setup: str, fault: str, workdir: Path, args: argparse.Namespace) -> dic
     t_fault, fault_step = faults[0]["t"], faults[0]["step"]
     next_steps = []
     for rank in range(args.nproc):
-        after = [
-            r for r in records if r["rank"] == rank and r["event"] == "step" and r["t"] > t_fault
-        ]
+        # a survivor can finish its step after the fault's record (a skew of one step), in the
+        # same process: its next step is the first one after it entered training again
+        mine = sorted((r for r in records if r["rank"] == rank), key=lambda r: r["t"])
+        entered = next((r["t"] for r in mine if r["event"] == "enter" and r["t"] > t_fault), None)
+        after = [r for r in mine if r["event"] == "step" and entered and r["t"] > entered]
         if not after:
             return None
-        next_steps.append(min(after, key=lambda r: r["t"]))
+        next_steps.append(after[0])
     resumed_from = min(r["step"] for r in next_steps) - 1
     first_pid = {r["rank"]: r["pid"] for r in sorted(records, key=lambda r: r["t"])[::-1]}
     return {
