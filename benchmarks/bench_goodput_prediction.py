@@ -21,8 +21,9 @@ restore from it). The failures planned are the seeded plan's faults that end an 
 kind but ``slow``): both plans are known before either run, and with a dozen faults in a run the
 seed's draw, not the ``--mtbf`` given, sets how many failures a run sees (seed 4 at MTBF 80 s
 draws 2 failures and 5 slow ranks in 600 s: 300 s between failures, not 80). Then B runs, and
-the table puts predicted and measured side by side. ``--from DIR`` predicts again from the
-ledgers of a run kept with ``--keep`` (the same options), without running anything.
+the table puts predicted and measured side by side. ``--a-from DIR`` takes run A from a run
+kept with ``--keep`` (its folder ``DIR/a``, run with the same A options) instead of running it
+again, ``--b-from DIR`` the same for run B; with both, nothing runs.
 
 Each run is ``--duration`` seconds per setup (two setups, two runs: 4 x duration, ~40 min at
 the default). It is not part of ``run.py``.
@@ -153,12 +154,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mtbf-b", type=float, default=80.0)
     p.add_argument("--every-b", type=int, default=20, help="run B: persistent save every N")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument(
-        "--from",
-        dest="from_dir",
-        type=Path,
-        help="predict again from the ledgers of a run kept with --keep (run nothing)",
-    )
+    p.add_argument("--a-from", type=Path, help="run A's ledgers from DIR/a (kept with --keep)")
+    p.add_argument("--b-from", type=Path, help="run B's ledgers from DIR/b (kept with --keep)")
     return p
 
 
@@ -168,11 +165,11 @@ def main() -> int:
     planned_a = planned_failures(_plan(options.seed_a, options.mtbf_a, options))
     planned_b = planned_failures(_plan(options.seed_b, options.mtbf_b, options))
     print(f"[bench_goodput_prediction] failures planned: A {planned_a}, B {planned_b}")
-    work = options.from_dir or Path(tempfile.mkdtemp(prefix="bench-goodput-prediction-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-goodput-prediction-"))
     rows = []
     try:
-        if options.from_dir:
-            a = _ledgers(work / "a")
+        if options.a_from:
+            a = _ledgers(options.a_from / "a")
         else:
             a = _run(
                 options.seed_a,
@@ -192,15 +189,19 @@ def main() -> int:
             )
             for setup in SETUPS
         }
-        if options.from_dir:
-            b = _ledgers(work / "b")
+        for setup, prediction in predictions.items():  # on record before B runs
+            print(f"[bench_goodput_prediction] {setup}: predicted for B {prediction['predicted']}")
+        if options.b_from:
+            b = _ledgers(options.b_from / "b")
         else:
             b = _run(options.seed_b, options.mtbf_b, options.every_b, local_b, options, work / "b")
         for setup in SETUPS:
             measured = compute(read_ledger([b[setup]]), options.step_time).whole.goodput
             rows.append({"setup": setup, **predictions[setup], "measured": measured})
     finally:
-        if not options.keep and not options.from_dir:
+        if options.keep:
+            print(f"[bench_goodput_prediction] kept {work}")
+        else:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{'setup':<10}{'goodput A':>11}{'predicted B':>13}{'measured B':>12}{'error':>8}")
     for row in rows:
@@ -215,7 +216,10 @@ def main() -> int:
     out = options.results / "bench_goodput_prediction.json"
     out.write_text(
         json.dumps(
-            {"options": vars(options) | {"results": None, "from_dir": None}, "rows": rows},
+            {
+                "options": vars(options) | {"results": None, "a_from": None, "b_from": None},
+                "rows": rows,
+            },
             indent=2,
         )
     )
