@@ -113,20 +113,29 @@ def predict(
     if tier is None or tier.interval_s is None or advice.mtbf_s is None:
         return {"predicted": None, "why": "run A has no failure or no two saves of a tier"}
     fixed = (report.whole.seconds["startup"] + report.whole.seconds["idle"]) / duration
-    mtbf_b = advice.mtbf_s / failure_ratio if failure_ratio > 0 else math.inf
     restart = (advice.restart_s or 0.0) + (tier.restore_s or 0.0)
     interval_b = tier.interval_s * every_ratio
-    if math.isinf(mtbf_b):
-        model = interval_b / (interval_b + tier.save_blocked_s)
-    else:
-        model = predicted_goodput(interval_b, tier.save_blocked_s, restart, mtbf_b)
     # The other tiers' saves block too, each a share d / (interval + d) of the time.
     other = 1.0
     for t in advice.tiers:
         if t is not tier and t.interval_s is not None:
             other *= 1.0 - t.save_blocked_s / (t.interval_s * every_ratio + t.save_blocked_s)
+    scale = max(1.0 - fixed, 0.0) * advice.step_efficiency * other
+
+    def goodput_at(mtbf_a: float | None) -> float | None:
+        if mtbf_a is None:
+            return None
+        mtbf_b = mtbf_a / failure_ratio if failure_ratio > 0 else math.inf
+        if math.isinf(mtbf_b):
+            return scale * interval_b / (interval_b + tier.save_blocked_s)
+        return scale * predicted_goodput(interval_b, tier.save_blocked_s, restart, mtbf_b)
+
+    mtbf_b = advice.mtbf_s / failure_ratio if failure_ratio > 0 else math.inf
     return {
-        "predicted": max(1.0 - fixed, 0.0) * advice.step_efficiency * other * model,
+        "predicted": goodput_at(advice.mtbf_s),
+        # A's MTBF rests on a handful of failures: its 90 % confidence range, carried through
+        "predicted_low": goodput_at(advice.mtbf_low_s),
+        "predicted_high": goodput_at(advice.mtbf_high_s),
         "tier": tier.tier,
         "mtbf_a_s": advice.mtbf_s,
         "failures_a": advice.failures,
@@ -203,13 +212,18 @@ def main() -> int:
             print(f"[bench_goodput_prediction] kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{'setup':<10}{'goodput A':>11}{'predicted B':>13}{'measured B':>12}{'error':>8}")
+    print(
+        f"{'setup':<10}{'goodput A':>11}{'predicted B':>13}{'90 % range':>15}"
+        f"{'measured B':>12}{'error':>8}"
+    )
     for row in rows:
         predicted = row["predicted"]
         error = "-" if predicted is None else f"{100 * (predicted - row['measured']):+.1f}"
         shown = "-" if predicted is None else f"{100 * predicted:.1f} %"
+        low, high = row.get("predicted_low"), row.get("predicted_high")
+        span = "-" if low is None or high is None else f"{100 * low:.0f}-{100 * high:.0f} %"
         print(
-            f"{row['setup']:<10}{100 * row.get('goodput_a', 0.0):>9.1f} %{shown:>13}"
+            f"{row['setup']:<10}{100 * row.get('goodput_a', 0.0):>9.1f} %{shown:>13}{span:>15}"
             f"{100 * row['measured']:>10.1f} %{error:>8}"
         )
     options.results.mkdir(parents=True, exist_ok=True)
