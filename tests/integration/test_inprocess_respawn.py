@@ -8,7 +8,13 @@ three others keep their processes, abort in-process and wait at the restart barr
 process joins as rank 2 and is healed from a peer; no step is lost and the job ends like an
 unbroken run.
 
-The two sides of the agreement (the rejoin file's variable) are checked in test_contracts.py.
+The same for a rank the Wrapper cannot abort in-process (rank 2 sleeps in libc with the restart
+signal blocked): its monitor thread asks the launcher for a respawn and terminates it at
+``hard_timeout``; the launcher respawns it alone and it is healed like the SIGKILLed one. A
+SIGTERM from anyone else is a stop request: the group restarts the ordinary way.
+
+The two sides of the agreements (the rejoin file's variable, the unabortable file's directory and
+name) are checked in test_contracts.py.
 """
 
 from __future__ import annotations
@@ -118,6 +124,65 @@ def test_a_sigkilled_rank_is_respawned_alone_joins_and_is_healed_from_a_peer(
         ),
     )
     assert run.returncode == 0, run.output[-8000:]
+    assert "respawned it alone as pid" in run.output and "(SIGKILL)" in run.output
+    assert_respawned_alone_and_healed(run, unbroken)
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
+    tmp_path: Path, unbroken: Run
+) -> None:
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--hang-masked",
+        f"2@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "12",
+        launcher_args=(
+            "--ft-inprocess-respawn",
+            "--ft-preimport",
+            "torch,torch._dynamo,resiliency.inprocess",
+            "--max-restarts",
+            "3",
+        ),
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert "rank 2: could not be aborted in-process" in run.output, run.output[-8000:]
+    assert "ft-launcher will respawn it alone" in run.output
+    assert "was terminated by its Wrapper: rank 2 could not be aborted" in run.output
+    assert "respawned it alone as pid" in run.output, run.output[-8000:]
+    # the others kept it a member: nobody declared it gone
+    assert "declared it gone" not in run.output and "not among the survivors" not in run.output
+    assert_respawned_alone_and_healed(run, unbroken)
+
+
+@pytest.mark.slow
+def test_a_sigterm_from_outside_is_not_respawned_alone(tmp_path: Path) -> None:
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--sigterm",
+        f"2@{FAULT_STEP}",
+        launcher_args=("--ft-inprocess-respawn", "--max-restarts", "3"),
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert "respawned it alone" not in run.output, run.output[-8000:]
+    assert "restarting the worker group" in run.output, run.output[-8000:]
+    # the second attempt is new processes on every rank, and it finishes
+    pids: dict[int, set[int]] = {}
+    for start in run.records:
+        if start["event"] == "start":
+            pids.setdefault(start["rank"], set()).add(start["pid"])
+    assert sorted(pids) == list(range(NPROC)) and all(len(p) == 2 for p in pids.values()), pids
+    assert len([r for r in run.records if r["event"] == "done"]) == NPROC
+
+
+def assert_respawned_alone_and_healed(run: Run, unbroken: Run) -> None:
+    """Rank 2 is a new process, the others kept theirs, and everyone resumed at the fault's
+    step with the unbroken run's parameters and ended like it."""
     first = {s["rank"]: s["pid"] for s in run.starts(0)}
     again = {s["rank"]: s for s in run.starts(1)}
     assert sorted(again) == list(range(NPROC)), run.output[-6000:]
@@ -125,7 +190,6 @@ def test_a_sigkilled_rank_is_respawned_alone_joins_and_is_healed_from_a_peer(
     for rank in (0, 1, 3):
         assert again[rank]["pid"] == first[rank], f"rank {rank} was restarted by the launcher"
     assert again[2]["pid"] != first[2]
-    assert "respawned it alone as pid" in run.output and "(SIGKILL)" in run.output
     assert "restarting the worker group" not in run.output
     assert "joined the running job" in run.output
     # one step for every rank, no step lost: the survivors were at step 5 when rank 2 died

@@ -14,6 +14,8 @@ Faults (only in the iteration given, so the restart is clean):
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
   --kill R@N         rank R SIGKILLs itself at the start of step N (first launcher attempt
                      only); under ft-launcher --ft-inprocess-respawn it is respawned alone
+  --sigterm R@N      rank R sends itself SIGTERM at the start of step N (first launcher attempt
+                     only): a stop request from outside, which the launcher never respawns alone
   --respawn-delay S  a respawned process sleeps S seconds before it enters the Wrapper
 
 Repeated faults (the stop rule, ``Wrapper(max_repeated_faults=...)``):
@@ -99,6 +101,7 @@ class Job:
         self.hangs = parse_faults(args.hang)
         self.masked = parse_faults(args.hang_masked)
         self.kills = parse_faults(args.kill)
+        self.sigterms = parse_faults(args.sigterm)
         self.value_errors = {
             int(rank): [int(n) for n in at.split(",")]
             for rank, _, at in (v.partition("@") for v in args.value_error)
@@ -118,6 +121,8 @@ class Job:
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and self.kills.get(INITIAL_RANK) == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if first_attempt and self.sigterms.get(INITIAL_RANK) == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
         if self.raises.get(INITIAL_RANK) == self.step:
             raise RuntimeError(f"injected fault on rank {INITIAL_RANK} at step {self.step}")
         if self.hangs.get(INITIAL_RANK) == self.step:
@@ -237,6 +242,7 @@ def main() -> int:
     parser.add_argument("--value-error", action="append", default=[])
     parser.add_argument("--ping", action="store_true")
     parser.add_argument("--kill", action="append", default=[])
+    parser.add_argument("--sigterm", action="append", default=[])
     parser.add_argument("--respawn-delay", type=float, default=0.0)
     parser.add_argument("--max-repeated", type=int, default=3)
     parser.add_argument("--heal", action="store_true")

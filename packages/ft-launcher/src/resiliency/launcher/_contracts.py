@@ -35,6 +35,13 @@ FORKED_ENVIRON_DIR_ENV = "RESILIENCY_FORKED_ENVIRON_DIR"
 #: running job's restart barrier instead of starting a new job, and once it has passed it as a
 #: member, writes its pid to this file (how the launcher knows the respawned rank joined).
 INPROCESS_REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
+#: Set in every worker's environment under --ft-inprocess-respawn: a directory where a Wrapper
+#: that could not abort its rank in-process writes ``INPROCESS_UNABORTABLE_FILE`` (named by its
+#: pid) just before it terminates itself. Only a SIGTERM or SIGKILL death with this file for the
+#: dead pid is respawned alone; any other SIGTERM (the scheduler's, the user's) is not.
+INPROCESS_UNABORTABLE_DIR_ENV = "RESILIENCY_INPROCESS_UNABORTABLE_DIR"
+#: The file's name in that directory; its content is the Wrapper's reason.
+INPROCESS_UNABORTABLE_FILE = "unabortable-{pid}"
 
 # --- with resiliency-supervisor (an extra) --------------------------------------------------
 #: This node's id for the supervisor when ``--node-id`` is not given (else the host name).

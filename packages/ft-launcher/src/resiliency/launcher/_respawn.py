@@ -13,6 +13,12 @@ usual), and a respawned worker that has not joined within ``--ft-respawn-timeout
 the file named by ``INPROCESS_REJOIN_FILE_ENV`` once it has) is killed: the group then restarts
 the ordinary way. A worker that exited with a code (it left the job on purpose), that ended on
 SIGTERM or SIGINT (asked to stop), or that its monitor killed as hung is never respawned alone.
+
+One SIGTERM is respawned: the Wrapper's own, when it could not abort its rank in-process (the
+main thread stuck in a C call past ``hard_timeout``). Every worker gets
+``INPROCESS_UNABORTABLE_DIR_ENV``; such a Wrapper writes ``INPROCESS_UNABORTABLE_FILE`` for its
+pid there before it terminates itself, and a worker that died of SIGTERM (or of the SIGKILL
+after its grace time) with that file for its pid is respawned alone like a crashed one.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resiliency.launcher._agent_settings import AgentSettings
-from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV
+from resiliency.launcher._contracts import (
+    INPROCESS_REJOIN_FILE_ENV,
+    INPROCESS_UNABORTABLE_DIR_ENV,
+    INPROCESS_UNABORTABLE_FILE,
+)
 from resiliency.launcher._cycle import Cycle
 from resiliency.launcher._monitors import MonitorSet
 from resiliency.launcher._startup_watch import StartupWatch
@@ -34,14 +44,14 @@ from resiliency.launcher._torch_compat import CompatAgent
 from resiliency.launcher._worker_groups import WorkerProcessGroups
 from resiliency.launcher.fork_server import ForkServer
 
-__all__ = ["Respawner"]
+__all__ = ["Respawner", "unabortable_reason"]
 
 logger = logging.getLogger(__name__)
 
 
 # Deaths a respawn answers: a kill from outside (the OOM killer's SIGKILL) and a crash. SIGTERM
-# and SIGINT ask a process to stop (the Wrapper terminating a rank it could not abort, the
-# scheduler): the group handles those the ordinary way.
+# and SIGINT ask a process to stop (the scheduler, the user): the group handles those the
+# ordinary way, unless the Wrapper left its unabortable file for the dead pid.
 _RESPAWNED = {
     int(sig)
     for sig in (
@@ -64,6 +74,27 @@ class _Pending:
     marker: Path
     started: float
     deadline: float
+
+
+def unabortable_reason(directory: Path, pid: int) -> str | None:
+    """The reason a Wrapper left in ``directory`` for ``pid`` before it terminated its rank,
+    which it could not abort in-process; None when it left none. The file is consumed.
+
+    Args:
+        directory: the workers' ``INPROCESS_UNABORTABLE_DIR_ENV``.
+        pid: the dead worker's pid.
+    """
+    path = directory / INPROCESS_UNABORTABLE_FILE.format(pid=pid)
+    try:
+        reason = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.error("cannot read %s (%s): the worker is not respawned alone", path, exc)
+        return None
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return reason
 
 
 def _signal_name(code: int) -> str:
@@ -145,7 +176,9 @@ class Respawner:
         dead = {
             lr: code
             for lr, code in codes.items()
-            if code is not None and -code in _RESPAWNED and lr not in cycle.diagnosis.hangs
+            if code is not None
+            and lr not in cycle.diagnosis.hangs
+            and (self._unabortable(cycle.pids.get(lr), code) or -code in _RESPAWNED)
         }
         charged = 0
         for local_rank, code in sorted(dead.items()):
@@ -161,6 +194,23 @@ class Respawner:
             if self._respawn(agent, cycle, local_rank, code):
                 charged += 1
         return charged
+
+    def worker_env(self) -> dict[str, str]:
+        """What every worker gets: where its Wrapper asks for a respawn (empty when off)."""
+        if not self.enabled:
+            return {}
+        return {INPROCESS_UNABORTABLE_DIR_ENV: str(self._monitors.directory)}
+
+    def _unabortable(self, pid: int | None, code: int) -> bool:
+        """Whether a worker that died of SIGTERM (or of the SIGKILL after its grace time) was
+        terminated by its own Wrapper, which could not abort it in-process."""
+        if pid is None or -code not in (signal.SIGTERM, signal.SIGKILL):
+            return False
+        reason = unabortable_reason(Path(self._monitors.directory), pid)
+        if reason is None:
+            return False  # a SIGTERM from someone else: asked to stop
+        logger.warning("pid %d was terminated by its Wrapper: %s", pid, reason)
+        return True
 
     def _respawn(self, agent: CompatAgent, cycle: Cycle, local_rank: int, code: int) -> bool:
         rank = cycle.ranks.get(local_rank)

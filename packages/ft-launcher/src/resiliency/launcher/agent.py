@@ -144,6 +144,7 @@ class FtElasticAgent(CompatAgent):
         if self._settings.finished_flag_file:
             env[FINISHED_FLAG_ENV] = self._settings.finished_flag_file
         env.update(env_for(self._settings.preemption))
+        env.update(self._respawner.worker_env())  # --ft-inprocess-respawn
         return env
 
     def before_rendezvous(self) -> None:

@@ -9,3 +9,12 @@ from __future__ import annotations
 #: running job's restart barrier instead of starting a new job, and once it has passed it as a
 #: member, writes its pid to this file (how the launcher knows the respawned rank joined).
 REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
+
+#: Set in every worker's environment under ``--ft-inprocess-respawn``: a directory where a
+#: Wrapper that could not abort its rank in-process writes ``UNABORTABLE_FILE`` (named by its
+#: own pid) just before it terminates itself. A worker that then dies of SIGTERM or SIGKILL is
+#: respawned alone only when this file names its pid: any other SIGTERM (the scheduler's, the
+#: user's) is a request to stop and is never respawned.
+UNABORTABLE_DIR_ENV = "RESILIENCY_INPROCESS_UNABORTABLE_DIR"
+#: The file's name in that directory; its content is the reason, for the launcher's log.
+UNABORTABLE_FILE = "unabortable-{pid}"

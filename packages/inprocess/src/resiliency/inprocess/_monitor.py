@@ -4,7 +4,9 @@ Faults it notices: a peer's report in the store, this rank's own main thread sta
 ``soft_timeout``, a peer's heartbeat silent past ``heartbeat_timeout``. On the first one it
 runs the ``abort`` callback (which ends pending collectives) and interrupts the main thread.
 If the main thread has still not left the function ``hard_timeout - soft_timeout`` later, the
-rank cannot be aborted in-process: its stacks are dumped and it is terminated.
+rank cannot be aborted in-process: its stacks are dumped and it is terminated. Under
+``ft-launcher --ft-inprocess-respawn`` it first asks the launcher to respawn it alone (the
+others wait for it); otherwise it is reported gone and the others go on without it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
 from resiliency.inprocess._progress import Progress
 from resiliency.inprocess._restart_store import RestartStore
+from resiliency.inprocess._unabortable import request_respawn
 from resiliency.inprocess.state import FrozenState
 
 log = logging.getLogger(__name__)
@@ -177,10 +180,20 @@ class Monitor(threading.Thread):
         )
         log.error("rank %d: %s; dumping stacks and terminating", self.state.rank, reason)
         faulthandler.dump_traceback(all_threads=True)
-        try:
-            self.store.mark_terminated(self.state.initial_rank, reason)
-        except Exception as exc:
-            log.error("rank %d: could not record the termination: %s", self.state.rank, exc)
+        if request_respawn(f"rank {self.state.rank} {reason}"):
+            # The others keep this rank a member and wait for its respawn at the barrier.
+            log.error(
+                "rank %d (initial %d): ft-launcher will respawn it alone; the other ranks wait "
+                "for it at the restart barrier of iteration %d",
+                self.state.rank,
+                self.state.initial_rank,
+                self.state.iteration,
+            )
+        else:
+            try:
+                self.store.mark_terminated(self.state.initial_rank, reason)
+            except Exception as exc:
+                log.error("rank %d: could not record the termination: %s", self.state.rank, exc)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(self.timeouts["grace"])
         os.kill(os.getpid(), signal.SIGKILL)
