@@ -24,9 +24,10 @@ from resiliency.checkpoint._emergency.monitor_contract import map_termination_ma
 from resiliency.ft import FAULT_HOOK_SIGNALS, IPC_SOCKET_ENV, termination_mark_path_for
 from resiliency.ft._rank_files import TerminationMark
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
-from resiliency.inprocess import _rejoin
-from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV
+from resiliency.inprocess import _rejoin, _unabortable
+from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV, INPROCESS_UNABORTABLE_DIR_ENV
 from resiliency.launcher._preemption import PREEMPTED_EXIT_CODE, Preemption
+from resiliency.launcher._respawn import unabortable_reason
 from resiliency.supervisor._ledger import LedgerTail
 
 # (what is agreed, one side "module:attribute", the other side "module:attribute")
@@ -75,6 +76,16 @@ COPIES = [
         "the respawned worker's rejoin file",
         "resiliency.launcher._contracts:INPROCESS_REJOIN_FILE_ENV",
         "resiliency.inprocess._launcher_contract:REJOIN_FILE_ENV",
+    ),
+    (
+        "where an unabortable rank asks for its respawn",
+        "resiliency.launcher._contracts:INPROCESS_UNABORTABLE_DIR_ENV",
+        "resiliency.inprocess._launcher_contract:UNABORTABLE_DIR_ENV",
+    ),
+    (
+        "the unabortable rank's file",
+        "resiliency.launcher._contracts:INPROCESS_UNABORTABLE_FILE",
+        "resiliency.inprocess._launcher_contract:UNABORTABLE_FILE",
     ),
     (
         "a node's id for the supervisor",
@@ -214,3 +225,22 @@ def test_docs_environment_lists_every_variable_the_packages_use() -> None:
     documented = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", _DOCS.read_text()))
     missing = sorted(used - documented)
     assert not missing, f"docs/environment.md does not list {missing}"
+
+
+def test_an_unabortable_rank_s_request_is_the_one_the_launcher_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Wrapper's side names its file by its pid in the launcher's directory; the launcher
+    finds it only for that pid, reads the reason and consumes it."""
+    # without the launcher's variable (plain torchrun) nothing is written
+    monkeypatch.delenv(INPROCESS_UNABORTABLE_DIR_ENV, raising=False)
+    assert not _unabortable.request_respawn("stuck")
+    monkeypatch.setenv(INPROCESS_UNABORTABLE_DIR_ENV, str(tmp_path))
+    assert _unabortable.request_respawn("rank 2 could not be aborted in-process")
+    assert unabortable_reason(tmp_path, os.getpid() + 1) is None  # another worker's SIGTERM
+    assert unabortable_reason(tmp_path, os.getpid()) == "rank 2 could not be aborted in-process"
+    assert list(tmp_path.iterdir()) == []  # consumed: a later SIGTERM of that pid is not one
+    assert unabortable_reason(tmp_path, os.getpid()) is None
+    # a directory it cannot write to: the Wrapper says so and reports the rank gone instead
+    monkeypatch.setenv(INPROCESS_UNABORTABLE_DIR_ENV, str(tmp_path / "missing"))
+    assert not _unabortable.request_respawn("stuck")
