@@ -105,3 +105,34 @@ def test_a_ledger_that_cannot_be_written_never_stops_the_restart(
     assert {s["step"] for s in run.starts(1)} == {FAULT_STEP}
     # the recorder said why it wrote nothing, and training went on
     assert "goodput recorder: cannot write" in run.output, run.output[-6000:]
+
+
+@pytest.mark.slow
+def test_the_restart_s_heal_records_the_step_it_resumed_from_and_the_steps_lost(
+    torchrun: Torchrun, tmp_path: Path
+) -> None:
+    """Issue 32 step 5: the step and the steps lost are known once the ranks agreed (in
+    ``Healer.heal``, after the restart): its ``inprocess_heal`` event carries them, with the
+    restart's iteration."""
+    ledger_dir = tmp_path / "ledger"
+    run = torchrun.run(
+        "--heal",
+        "--momentum",
+        "0.9",
+        "--raise",
+        f"2@{FAULT_STEP}",
+        "--forget",
+        "2",
+        name="heal-ledger",
+        env={DIR_ENV: str(ledger_dir)},
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    lines = [json.loads(x) for p in ledger_dir.glob("*.jsonl") for x in p.read_text().splitlines()]
+    [restart] = [x for x in lines if x["event"] == "inprocess_restart"]
+    [heal] = [x for x in lines if x["event"] == "inprocess_heal"]
+    assert validate_event(heal) is None
+    assert heal["iteration"] == restart["iteration"] == 1
+    assert heal["step"] == FAULT_STEP  # every rank resumed at the fault's step
+    assert heal["lost_steps"] == 0
+    assert heal["healed_ranks"] == [2] and 2 not in heal["source_ranks"]
+    assert heal["time"] >= restart["time"]
