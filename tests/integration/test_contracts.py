@@ -21,8 +21,12 @@ import pytest
 
 from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
 from resiliency.checkpoint._emergency.monitor_contract import map_termination_mark
-from resiliency.ft import FAULT_HOOK_SIGNALS, IPC_SOCKET_ENV, termination_mark_path_for
-from resiliency.ft._rank_files import TerminationMark
+from resiliency.ft import (
+    FAULT_HOOK_SIGNALS,
+    IPC_SOCKET_ENV,
+    TerminationMark,
+    termination_mark_path_for,
+)
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
 from resiliency.inprocess import _rejoin, _unabortable
 from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV, INPROCESS_UNABORTABLE_DIR_ENV
@@ -234,13 +238,17 @@ def test_an_unabortable_rank_s_request_is_the_one_the_launcher_reads(
     finds it only for that pid, reads the reason and consumes it."""
     # without the launcher's variable (plain torchrun) nothing is written
     monkeypatch.delenv(INPROCESS_UNABORTABLE_DIR_ENV, raising=False)
-    assert not _unabortable.request_respawn("stuck")
+    assert not _unabortable.request_respawn("stuck", hosting_store=False)
     monkeypatch.setenv(INPROCESS_UNABORTABLE_DIR_ENV, str(tmp_path))
-    assert _unabortable.request_respawn("rank 2 could not be aborted in-process")
+    # the rank hosting the Wrapper's store cannot be respawned alone: it asks for nothing
+    assert not _unabortable.request_respawn("stuck", hosting_store=True)
+    assert list(tmp_path.iterdir()) == []
+    why = "rank 2 could not be aborted in-process"
+    assert _unabortable.request_respawn(why, hosting_store=False)
     assert unabortable_reason(tmp_path, os.getpid() + 1) is None  # another worker's SIGTERM
-    assert unabortable_reason(tmp_path, os.getpid()) == "rank 2 could not be aborted in-process"
+    assert unabortable_reason(tmp_path, os.getpid()) == why
     assert list(tmp_path.iterdir()) == []  # consumed: a later SIGTERM of that pid is not one
     assert unabortable_reason(tmp_path, os.getpid()) is None
     # a directory it cannot write to: the Wrapper says so and reports the rank gone instead
     monkeypatch.setenv(INPROCESS_UNABORTABLE_DIR_ENV, str(tmp_path / "missing"))
-    assert not _unabortable.request_respawn("stuck")
+    assert not _unabortable.request_respawn("stuck", hosting_store=False)

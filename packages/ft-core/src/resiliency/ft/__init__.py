@@ -36,6 +36,7 @@ from resiliency.ft.state import (
     timeouts_from_state_dict,
     timeouts_to_state_dict,
 )
+from resiliency.ft.termination_mark import TerminationMark
 from resiliency.ft.timeouts import (
     HeartbeatTimeouts,
     ObservedIntervals,
@@ -74,6 +75,7 @@ __all__ = [
     "SectionTimeouts",
     "SimulatedCrash",
     "StateDictError",
+    "TerminationMark",
     "WorkloadAction",
     "WorkloadControlRequest",
     "XidEvent",

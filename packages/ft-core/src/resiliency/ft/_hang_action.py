@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resiliency.ft._proc import pid_alive
-from resiliency.ft._rank_files import TerminationMark
 from resiliency.ft.config import FaultToleranceConfig
+from resiliency.ft.termination_mark import TerminationMark
 
 logger = logging.getLogger(__name__)
 

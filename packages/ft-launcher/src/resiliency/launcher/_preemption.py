@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -26,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from resiliency.ft import TerminationMark
 from resiliency.launcher._contracts import (
     EXIT_INFO_DIR_ENV,
     PREEMPTED_EXIT_CODE_ENV,
@@ -60,19 +60,12 @@ class Preemption:
         self.term_timeout = term_timeout
         self.directory = Path(tempfile.mkdtemp(prefix="ft-exit-"))  # mode 0700
         self.step: int | None = None
-        self._mark = self.directory / STOP_MARK_FILE
-        self._mark.write_bytes(b"\0")
+        self._mark = TerminationMark(self.directory / STOP_MARK_FILE)
+        self._mark.create()
 
     def launcher_stopping(self, stopping: bool) -> None:
         """Set the stop mark the workers read in their SIGTERM handler (a byte in page cache)."""
-        try:
-            fd = os.open(self._mark, os.O_WRONLY)
-            try:
-                os.pwrite(fd, b"\1" if stopping else b"\0", 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            logger.warning("cannot set the workers' stop mark %s: %s", self._mark, exc)
+        self._mark.set(stopping)
 
     def new_attempt(self) -> None:
         """Forget the exit infos of the workers of an earlier attempt (before new ones start).

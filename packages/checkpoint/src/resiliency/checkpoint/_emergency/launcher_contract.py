@@ -18,6 +18,8 @@ import mmap
 import os
 from typing import Any
 
+from resiliency.checkpoint._emergency.mapped_byte import map_byte
+
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE_ENV = "RESILIENCY_PREEMPTED_EXIT_CODE"
@@ -43,12 +45,7 @@ def map_stop_mark() -> mmap.mmap | None:
     directory = os.environ.get(EXIT_INFO_DIR_ENV)
     if not directory:
         return None
-    try:
-        with open(os.path.join(directory, STOP_MARK_FILE), "rb") as fh:
-            return mmap.mmap(fh.fileno(), 1, prot=mmap.PROT_READ)
-    except (OSError, ValueError) as exc:  # an older launcher, or no mark: every SIGTERM counts
-        logger.debug("no launcher stop mark in %s: %s", directory, exc)
-        return None
+    return map_byte(os.path.join(directory, STOP_MARK_FILE), "launcher stop mark")
 
 
 def write_exit_info(rank: int, info: dict[str, Any]) -> None:

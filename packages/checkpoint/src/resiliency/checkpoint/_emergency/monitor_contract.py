@@ -9,11 +9,10 @@ monitor's, not a preemption. tests/integration/test_contracts.py holds both copi
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 
-logger = logging.getLogger(__name__)
+from resiliency.checkpoint._emergency.mapped_byte import map_byte
 
 MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 TERMINATION_MARK_NAME = "rank-{local_rank}-terminating"
@@ -27,9 +26,4 @@ def map_termination_mark() -> mmap.mmap | None:
         return None
     name = TERMINATION_MARK_NAME.format(local_rank=local_rank)
     path = os.path.join(os.path.dirname(socket_path), name)
-    try:
-        with open(path, "rb") as fh:
-            return mmap.mmap(fh.fileno(), 1, prot=mmap.PROT_READ)
-    except (OSError, ValueError) as exc:  # an older monitor: every SIGTERM counts
-        logger.debug("no rank monitor termination mark at %s: %s", path, exc)
-        return None
+    return map_byte(path, "rank monitor termination mark")
