@@ -52,6 +52,7 @@ class Monitor(threading.Thread):
         abort: the ``abort`` callback (or None).
         atomic_lock: held by the main thread inside ``CallWrapper.atomic()``.
         timeouts: seconds: ``interval``, ``soft``, ``hard``, ``heartbeat``, ``grace``.
+        hosting_store: this rank hosts the wrapper's store (it cannot be respawned alone).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class Monitor(threading.Thread):
         abort: Callable[[FrozenState], Any] | None,
         atomic_lock: threading.RLock,
         timeouts: dict[str, float],
+        hosting_store: bool = False,
     ) -> None:
         super().__init__(name=f"inprocess-monitor-{state.initial_rank}", daemon=True)
         self.store = store
@@ -75,6 +77,7 @@ class Monitor(threading.Thread):
         self.abort = abort
         self.atomic_lock = atomic_lock
         self.timeouts = timeouts
+        self.hosting_store = hosting_store
         self.liveness = Liveness(store, timeouts["heartbeat"])
         self.cause: str | None = None
         self.aborted = threading.Event()
@@ -180,7 +183,7 @@ class Monitor(threading.Thread):
         )
         log.error("rank %d: %s; dumping stacks and terminating", self.state.rank, reason)
         faulthandler.dump_traceback(all_threads=True)
-        if request_respawn(f"rank {self.state.rank} {reason}"):
+        if request_respawn(f"rank {self.state.rank} {reason}", hosting_store=self.hosting_store):
             # The others keep this rank a member and wait for its respawn at the barrier.
             log.error(
                 "rank %d (initial %d): ft-launcher will respawn it alone; the other ranks wait "

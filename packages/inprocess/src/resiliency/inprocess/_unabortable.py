@@ -19,11 +19,13 @@ from resiliency.inprocess._launcher_contract import UNABORTABLE_DIR_ENV, UNABORT
 log = logging.getLogger(__name__)
 
 
-def request_respawn(reason: str) -> bool:
+def request_respawn(reason: str, *, hosting_store: bool) -> bool:
     """Tell the launcher that this process terminates itself and should be respawned alone.
 
     Args:
         reason: why the rank could not be aborted (logged by the launcher).
+        hosting_store: this rank hosts the Wrapper's store, which dies with it: a respawn
+            would find no running job to join, so none is asked for.
 
     Returns:
         True when the request was written (the caller must then not report the rank gone);
@@ -32,6 +34,13 @@ def request_respawn(reason: str) -> bool:
     """
     directory = os.environ.get(UNABORTABLE_DIR_ENV)
     if not directory:
+        return False
+    if hosting_store:
+        log.error(
+            "this rank hosts the in-process restart store, which ends with it: it cannot be "
+            "respawned alone (pass a store_factory whose store lives elsewhere); it leaves the "
+            "job and the launcher restarts the whole group"
+        )
         return False
     path = Path(directory) / UNABORTABLE_FILE.format(pid=os.getpid())
     tmp = path.with_name(f".{path.name}.tmp")

@@ -318,6 +318,7 @@ class CallWrapper:
             interrupter=self.interrupter,
             abort=self.wrapper.abort,
             atomic_lock=self.atomic_lock,
+            hosting_store=self._hosting,
             timeouts={
                 "interval": self.timeouts["monitor_thread_interval"],
                 "soft": self.timeouts["soft_timeout"],
