@@ -21,8 +21,12 @@ import pytest
 
 from resiliency.checkpoint._emergency.launcher_contract import map_stop_mark, write_exit_info
 from resiliency.checkpoint._emergency.monitor_contract import map_termination_mark
-from resiliency.ft import FAULT_HOOK_SIGNALS, IPC_SOCKET_ENV, termination_mark_path_for
-from resiliency.ft._rank_files import TerminationMark
+from resiliency.ft import (
+    FAULT_HOOK_SIGNALS,
+    IPC_SOCKET_ENV,
+    TerminationMark,
+    termination_mark_path_for,
+)
 from resiliency.goodput import Recorder, host_ledger_files, ledger_path
 from resiliency.inprocess import _rejoin, _unabortable
 from resiliency.launcher._contracts import INPROCESS_REJOIN_FILE_ENV, INPROCESS_UNABORTABLE_DIR_ENV
