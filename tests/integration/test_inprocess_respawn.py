@@ -160,6 +160,30 @@ def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
 
 
 @pytest.mark.slow
+def test_the_rank_hosting_the_store_that_cannot_be_aborted_restarts_the_whole_group(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 hosts the Wrapper's store, which ends with it: no respawn alone is asked for."""
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--hang-masked",
+        f"0@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "12",
+        launcher_args=("--ft-inprocess-respawn", "--max-restarts", "3"),
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert "rank 0: could not be aborted in-process" in run.output, run.output[-8000:]
+    assert "this rank hosts the in-process restart store, which ends with it" in run.output
+    assert "respawned it alone" not in run.output, run.output[-8000:]
+    assert "restarting the worker group" in run.output, run.output[-8000:]
+    assert_new_processes_everywhere_and_done(run)
+
+
+@pytest.mark.slow
 def test_a_sigterm_from_outside_is_not_respawned_alone(tmp_path: Path) -> None:
     run = launch(
         tmp_path,
@@ -171,7 +195,11 @@ def test_a_sigterm_from_outside_is_not_respawned_alone(tmp_path: Path) -> None:
     assert run.returncode == 0, run.output[-8000:]
     assert "respawned it alone" not in run.output, run.output[-8000:]
     assert "restarting the worker group" in run.output, run.output[-8000:]
-    # the second attempt is new processes on every rank, and it finishes
+    assert_new_processes_everywhere_and_done(run)
+
+
+def assert_new_processes_everywhere_and_done(run: Run) -> None:
+    """The second attempt is new processes on every rank, and it finishes."""
     pids: dict[int, set[int]] = {}
     for start in run.records:
         if start["event"] == "start":

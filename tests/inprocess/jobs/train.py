@@ -9,7 +9,8 @@ outside the wrapped function, so a restart in the same process continues from me
 Faults (only in the iteration given, so the restart is clean):
   --raise R@N        rank R raises RuntimeError at the start of step N
   --hang R@N         rank R sleeps in libc (GIL released) at the start of step N
-  --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted
+  --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted (first
+                     launcher attempt only)
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
   --kill R@N         rank R SIGKILLs itself at the start of step N (first launcher attempt
@@ -127,7 +128,7 @@ class Job:
             raise RuntimeError(f"injected fault on rank {INITIAL_RANK} at step {self.step}")
         if self.hangs.get(INITIAL_RANK) == self.step:
             ctypes.CDLL(None).sleep(600)
-        if self.masked.get(INITIAL_RANK) == self.step:
+        if first_attempt and self.masked.get(INITIAL_RANK) == self.step:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
             ctypes.CDLL(None).sleep(600)
 
