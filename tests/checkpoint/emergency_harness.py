@@ -16,6 +16,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "emergency_job.py"
+RANK_GROUP = Path(__file__).resolve().parent / "rank_group.py"
+#: rank_group's own deadline for its ranks: above every test's wait, so the test's fails first.
+RANKS_DEADLINE_S = 600
 PREEMPTED = 75
 
 
@@ -33,7 +36,12 @@ def kill_pid_group(pid: int) -> None:
 
 
 class Job:
-    """One training job: ``world`` rank processes of emergency_job.py, logs in files."""
+    """One training job: ``world`` ranks of emergency_job.py, forked by rank_group.py.
+
+    rank_group.py imports torch once and forks the ranks (one import per job, not one per
+    rank); it leads its own session, so killing that session kills the ranks and their writers.
+    Logs are ``ROOT/NAME/rank<r>.log``.
+    """
 
     def __init__(
         self,
@@ -45,71 +53,73 @@ class Job:
         name: str = "job",
     ) -> None:
         self.root = root
-        self.logs = [root / f"{name}-rank{r}.log" for r in range(world)]
-        port = free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        for rank in range(world):
-            full = dict(os.environ)
-            full.update(
-                {
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(world),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "PYTHONUNBUFFERED": "1",
-                    # A rank that hangs is sent SIGABRT before the kill: its log then shows
-                    # where every thread of it was (see ``wait``).
-                    "PYTHONFAULTHANDLER": "1",
-                    **(env or {}),
-                }
-            )
-            with open(self.logs[rank], "wb") as log:
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(JOB), "--root", str(root), *args],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=full,
-                        cwd=REPO,
-                        start_new_session=True,
-                    )
-                )
+        self.dir = root / name
+        self.dir.mkdir()
+        self.logs = [self.dir / f"rank{r}.log" for r in range(world)]
+        self.world = world
+        full = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            # A rank that hangs is sent SIGABRT before the kill: its log then shows where
+            # every thread of it was (see ``wait``). Set in rank_group, inherited by the forks.
+            "PYTHONFAULTHANDLER": "1",
+            **(env or {}),
+        }
+        argv = [sys.executable, str(RANK_GROUP), str(world), str(self.dir), str(RANKS_DEADLINE_S)]
+        argv += [",".join(["0"] * world), str(JOB), "--root", str(root), *args]
+        self.group = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full,
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+    def pid(self, rank: int, timeout: float = 60) -> int:
+        """The pid of ``rank`` (rank_group records it right after the fork)."""
+        path = self.dir / f"rank{rank}.pid"
+        deadline = time.monotonic() + timeout
+        while not path.exists() or not path.read_text():
+            if time.monotonic() > deadline or self.group.poll() is not None:
+                raise AssertionError(f"no pid of rank {rank} in {path}:\n{self.log()[-4000:]}")
+            time.sleep(0.02)
+        return int(path.read_text())
 
     def signal(self, rank: int, sig: int) -> None:
-        self.procs[rank].send_signal(sig)
+        os.kill(self.pid(rank), sig)
 
     def wait(self, timeout: float) -> list[int]:
-        deadline = time.monotonic() + timeout
-        codes = []
-        for proc in self.procs:
-            try:
-                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                self._dump_stacks()
-                self.kill()
-                raise AssertionError(
-                    f"job did not finish within {timeout} s; logs:\n{self.log()[-8000:]}"
-                ) from None
-        return codes
+        """The ranks' exit codes (negative: killed by that signal); fails after ``timeout``."""
+        try:
+            head, _ = self.group.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._dump_stacks()
+            self.kill()
+            raise AssertionError(
+                f"job did not finish within {timeout} s; logs:\n{self.log()[-8000:]}"
+            ) from None
+        text = head.decode(errors="replace")
+        found = re.search(r"rank_group: exit codes \[([-\d, ]*)\]", text)
+        assert found, f"rank_group gave no exit codes ({self.group.returncode}):\n{text}"
+        return [int(c) for c in found.group(1).split(",")]
 
     def _dump_stacks(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGABRT)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+        for rank in range(self.world):
+            with contextlib.suppress(ProcessLookupError, AssertionError, ValueError):
+                os.kill(self.pid(rank, timeout=0), signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.group.wait(5)
 
     def log(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs)
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs if p.exists()
+        )
 
     def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                kill_pid_group(proc.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(10)
+        kill_pid_group(self.group.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.group.wait(10)
 
 
 def wait_for_files(directory: Path, pattern: str, count: int, timeout: float, job: Any) -> None:

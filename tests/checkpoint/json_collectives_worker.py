@@ -1,12 +1,14 @@
 """One rank of a 2-rank gloo job that exercises the JSON collectives and make_plan's exchange.
 
-Usage: python json_collectives_worker.py RANK WORLD PORT OUT
-    Writes this rank's findings to ``OUT/rank<RANK>.json``.
+Usage: python rank_group.py 2 OUT DEADLINE_S 0 json_collectives_worker.py OUT
+    rank_group.py forks the ranks (env:// variables); each writes its findings to
+    ``OUT/rank<RANK>.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from datetime import timedelta
@@ -122,14 +124,9 @@ def _make_plan(rank: int, world: int, group: dist.ProcessGroup, path: str) -> di
 
 
 def main() -> int:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=30),  # a hang fails the job instead of stalling the test
-    )
+    rank, world, out = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), Path(sys.argv[1])
+    # env:// from rank_group; a hang fails the job instead of stalling the test.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     group = dist.new_group(list(range(world)), backend="gloo")
     with tempfile.TemporaryDirectory() as path:
         result = {"collectives": _collectives(rank, world, group)}

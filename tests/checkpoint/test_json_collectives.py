@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 WORKER = Path(__file__).resolve().with_name("json_collectives_worker.py")
+RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
 WORLD = 2
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -26,30 +26,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     """Each rank's findings, from one job that runs every scenario (one start-up, not six)."""
     out = tmp_path_factory.mktemp("json_collectives")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
+    argv = [sys.executable, str(RANK_GROUP), str(WORLD), str(out), "150", "0"]
+    argv += [str(WORKER), str(out)]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
-        for rank in range(WORLD):
-            with open(out / f"rank{rank}.log", "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(WORKER), str(rank), str(WORLD), str(port), str(out)],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-        for proc in procs:
-            proc.wait(timeout=180)
-    finally:
-        for proc in procs:  # each rank's session: its own process and anything it started
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    logs = "".join((out / f"rank{r}.log").read_text(errors="replace") for r in range(WORLD))
-    assert [p.returncode for p in procs] == [0] * WORLD, logs[-6000:]
+        head, _ = proc.communicate(timeout=180)
+    finally:  # the group's session: rank_group, the ranks and anything they started
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    logs = "".join(
+        (out / f"rank{r}.log").read_text(errors="replace")
+        for r in range(WORLD)
+        if (out / f"rank{r}.log").exists()
+    )
+    assert proc.returncode == 0, head.decode(errors="replace") + logs[-6000:]
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)}
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 WORKER = Path(__file__).resolve().with_name("tiers_worker.py")
+RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
+#: rank_group.py's per-rank variables (see its docstring).
+RANK_ENVS_ENV = "RANK_GROUP_ENVS"
 JOB_TIMEOUT_S = 240
 
 
@@ -57,59 +60,45 @@ class Cluster:
     def run(
         self, steps: int, *extra: str, order: tuple[int, ...] = (0, 1), expect_ok: bool = True
     ) -> dict[int, dict[str, Any]]:
-        """One plain job: the process on local dir ``order[g]`` is node (and rank) ``g``."""
+        """One plain job: the process on local dir ``order[g]`` is node (and rank) ``g``.
+
+        The ranks are forked by rank_group.py from one process that imported torch once.
+        """
         self.jobs += 1
         tag = f"job{self.jobs}"
-        port = free_port()
-        procs = []
-        logs = []
-        for group_rank, node_dir in enumerate(order):
-            env = self.env(node_dir, tag)
-            env.update(
-                RANK=str(group_rank),
-                LOCAL_RANK="0",
-                WORLD_SIZE=str(len(order)),
-                GROUP_RANK=str(group_rank),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-            log = open(self.tmp / f"{tag}-rank{group_rank}.log", "w")  # noqa: SIM115
-            logs.append(log)
-            argv = [sys.executable, str(WORKER), str(self.persistent), str(steps), "--tag", tag]
-            procs.append(
-                subprocess.Popen(
-                    [*argv, *extra],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-        codes = []
+        logs = self.tmp / tag
+        logs.mkdir()
+        per_rank = [
+            {
+                "TIER_LOCAL_DIR": str(self.local[node_dir]),
+                "LOCAL_RANK": "0",
+                "GROUP_RANK": str(group_rank),
+            }
+            for group_rank, node_dir in enumerate(order)
+        ]
+        argv = [sys.executable, str(RANK_GROUP), str(len(order)), str(logs), str(JOB_TIMEOUT_S)]
+        argv += ["0", str(WORKER), str(self.persistent), str(steps), "--tag", tag, *extra]
+        env = {**self.env(order[0], tag), RANK_ENVS_ENV: json.dumps(per_rank)}
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            for proc in procs:
-                try:
-                    codes.append(proc.wait(JOB_TIMEOUT_S))
-                except subprocess.TimeoutExpired:
-                    codes.append(None)
+            head, _ = proc.communicate(timeout=JOB_TIMEOUT_S + 30)
         finally:
-            for proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-            for log in logs:
-                log.close()
-        text = self.logs(tag)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the ranks and their writers, if left
+            proc.wait(10)
+        text = head.decode(errors="replace") + self.logs(tag)
         if expect_ok:
-            assert codes == [0] * len(order), f"{tag} exit codes {codes}:\n{text[-8000:]}"
+            assert proc.returncode == 0, f"{tag} exit code {proc.returncode}:\n{text[-8000:]}"
             return self.results(tag, len(order))
-        assert None not in codes, f"{tag} hung:\n{text[-8000:]}"
+        assert "still running at" not in text, f"{tag} hung:\n{text[-8000:]}"
         return {}
 
     def logs(self, tag: str) -> str:
         return "".join(
             f"\n--- {p.name}\n" + p.read_text(errors="replace")
-            for p in sorted(self.tmp.glob(f"{tag}-rank*.log"))
+            for p in sorted((self.tmp / tag).glob("rank*.log"))
         )
 
     def results(self, tag: str, world: int) -> dict[int, dict[str, Any]]:
