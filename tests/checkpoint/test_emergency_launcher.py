@@ -144,6 +144,9 @@ def test_sigterm_to_one_worker_of_a_single_node_launcher(
     args = [
         "--standalone",
         "--nproc-per-node", "2",
+        # Both workers forked from one process that imported torch (one import, not two):
+        # the test is about the signal, not the spawn path.
+        "--ft-preimport", "torch",
         "--max-restarts", "2",
         "--monitor-interval", "0.1",
         "--no-gpu-health-check",

@@ -46,6 +46,9 @@ class Nodes:
                 "--max-restarts", str(restarts),
                 "--monitor-interval", "0.1",
                 "--no-gpu-health-check",
+                # Workers forked from a pre-imported server: a restarted worker does not import
+                # torch again. The tests are about the tiers, not the spawn path.
+                "--ft-preimport", "torch",
                 str(WORKER), str(self.c.persistent), str(steps), "--tag", tag, *extra,
             ]  # fmt: skip
             env = self.c.env(node_dir, tag)
