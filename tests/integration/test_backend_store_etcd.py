@@ -16,7 +16,11 @@ from types import SimpleNamespace
 import pytest
 from etcd_server import ETCD, SKIP_ETCD, EtcdServer, etcd_required
 
-from resiliency.launcher._backend_store import BackendStore, BackendStoreTimeoutError
+from resiliency.launcher._backend_store import (
+    BackendStore,
+    BackendStoreError,
+    BackendStoreTimeoutError,
+)
 from resiliency.launcher._job_verdict import JobHangExchange
 from resiliency.launcher._shared_state import SharedRoundState, StoreWaitTimeoutError, wait_keys
 from resiliency.launcher.verdict import Frame, judge_frames
@@ -93,3 +97,24 @@ def test_one_hang_verdict_for_every_node_through_etcd(connect) -> None:
     assert len({v.summary for v in verdicts.values()}) == 1
     culprits = verdicts[0].culprits
     assert sorted(culprits) == [2, 3] and {verdicts[0].nodes[r] for r in culprits} == {victim}
+
+
+def test_a_lost_etcd_fails_the_exchange_like_a_lost_round_store() -> None:
+    # The exchanges treat a RuntimeError as "the store's host is gone" and judge alone; an etcd
+    # that went away must read the same way, not as an unexpected error that ends the launcher.
+    if ETCD is None:
+        if etcd_required():
+            pytest.fail(SKIP_ETCD + ", but RESILIENCY_REQUIRE_ETCD=1")
+        pytest.skip(SKIP_ETCD)
+    with EtcdServer() as server:
+        backend = backend_from_url(server.url("lost"), timeout=2)
+        store = BackendStore(backend, "round1/", timeout=2)
+        store.set("ft/failure/evidence/0", "{}")
+        server.stop()
+    try:
+        with pytest.raises(BackendStoreError, match="failed") as caught:
+            store.get("ft/failure/evidence/0")
+        assert isinstance(caught.value, RuntimeError)
+        assert not isinstance(caught.value, BackendStoreTimeoutError)
+    finally:
+        backend.close()

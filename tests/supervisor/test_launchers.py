@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -330,3 +331,34 @@ def _wait_for(condition, timeout: float, message: str) -> None:
 
 def _iso(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
+
+
+def test_the_failure_verdict_is_exchanged_through_etcd(job_factory, etcd_server):
+    """With ``--supervisor etcd://`` the two nodes exchange their failure evidence and node 0's
+    verdict in etcd, under the job's ``verdicts/<round id>/`` (issue 28: "on the supervisor's
+    backend when one is configured"), not in the round's TCPStore; the verdict is the same."""
+    job = job_factory("2", etcd_server.url(f"exchange-{os.getpid()}"))
+    a = job.start_node("a", worker_args=("--fail-at-step", "5"))
+    b = job.start_node("b", worker_args=("--fail-at-step", "5"))
+    # Rank 0 raises the same ValueError in every attempt: the stop rule ends the job.
+    codes = {a.wait(240), b.wait(240)}
+    assert 6 in codes, (a.log(), b.log())
+    logs = a.log() + b.log()
+    rounds = set(re.findall(r"job-wide verdicts exchanged in \S+ under verdicts/(\w+)/", logs))
+    assert rounds, logs
+    backend = backend_from_url(job.url)
+    try:
+        found = []
+        for round_id in rounds:
+            raw = backend.get(f"{backend.namespace}verdicts/{round_id}/ft/failure/verdict")
+            if raw is not None:
+                found.append(json.loads(raw))
+                for node in (0, 1):  # both nodes' evidence, in the same round
+                    key = f"{backend.namespace}verdicts/{round_id}/ft/failure/evidence/{node}"
+                    assert backend.get(key) is not None, (round_id, node)
+    finally:
+        backend.close()
+    assert found, f"no failure verdict in etcd under rounds {sorted(rounds)}"
+    for verdict in found:
+        assert verdict["cls"] == "crash" and verdict["culprit_ranks"] == [0], verdict
+        assert "ValueError" in verdict["cause"], verdict

@@ -19,11 +19,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["BackendStore", "BackendStoreTimeoutError"]
+__all__ = ["BackendStore", "BackendStoreError", "BackendStoreTimeoutError"]
 
 
-class BackendStoreTimeoutError(RuntimeError):
-    """A wait for keys passed its deadline (a RuntimeError with "timeout", like torch's)."""
+class BackendStoreError(RuntimeError):
+    """The backend failed (etcd unreachable, refused): a RuntimeError, as torch's store raises,
+    so the exchanges treat it like a round store whose host is gone."""
+
+
+class BackendStoreTimeoutError(BackendStoreError):
+    """A wait for keys passed its deadline (its message says "timeout", like torch's)."""
 
 
 def _as_bytes(value: str | bytes) -> bytes:
@@ -38,6 +43,8 @@ class BackendStore:
             ``compare_and_set``, ``wait_for_change``, ``namespace``).
         prefix: the keys' prefix below the backend's job namespace (e.g. the round's).
         timeout: the default deadline of ``get`` and ``wait``, in seconds.
+
+    Every operation raises :class:`BackendStoreError` when the backend fails.
     """
 
     def __init__(self, backend: Any, prefix: str = "", timeout: float = 300.0) -> None:
@@ -48,9 +55,18 @@ class BackendStore:
     def _key(self, key: str) -> str:
         return self._root + key
 
+    def _call(self, op: str, *args: Any) -> Any:
+        """One backend operation; its failure becomes a :class:`BackendStoreError`."""
+        try:
+            return getattr(self.backend, op)(*args)
+        except Exception as exc:  # duck-typed backend: any of its errors, re-raised with context
+            raise BackendStoreError(
+                f"{op} on {getattr(self.backend, 'url', self.backend)!r} failed: {exc}"
+            ) from exc
+
     def set(self, key: str, value: str | bytes) -> None:
         """Store ``value`` at ``key``."""
-        self.backend.put(self._key(key), _as_bytes(value))
+        self._call("put", self._key(key), _as_bytes(value))
 
     def get(self, key: str) -> bytes:
         """The value at ``key``, waiting for it up to the default deadline.
@@ -58,16 +74,16 @@ class BackendStore:
         Raises:
             BackendStoreTimeoutError: the key is still missing at the deadline.
         """
-        value = self.backend.get(self._key(key))
+        value = self._call("get", self._key(key))
         return value if value is not None else self.multi_get([key], wait=True)[0]
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer at ``key`` (0 when absent); return the new value."""
         full = self._key(key)
         while True:
-            current = self.backend.get(full)
+            current = self._call("get", full)
             value = int(current or b"0") + amount
-            if amount == 0 or self.backend.compare_and_set(full, current, str(value).encode()):
+            if amount == 0 or self._call("compare_and_set", full, current, str(value).encode()):
                 return value
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -108,7 +124,7 @@ class BackendStore:
                     f"wait timeout: {len(missing)} of {len(keys)} key(s) still missing after "
                     f"{limit:.1f} s (first: {missing[0]!r} in {self._root!r})"
                 )
-            self.backend.wait_for_change(self._key(missing[0]), None, min(left, 5.0))
+            self._call("wait_for_change", self._key(missing[0]), None, min(left, 5.0))
 
     def _read(self, keys: Sequence[str]) -> list[bytes | None]:
         """Every key's value (None: absent): one range read per parent of several keys."""
@@ -119,8 +135,8 @@ class BackendStore:
         found: dict[str, bytes | None] = {}
         for parent, fulls in by_parent.items():
             if len(fulls) == 1:
-                found[fulls[0]] = self.backend.get(fulls[0])
+                found[fulls[0]] = self._call("get", fulls[0])
             else:
-                children = self.backend.list(parent)
+                children = self._call("list", parent)
                 found.update({full: children.get(full) for full in fulls})
         return [found[self._key(key)] for key in keys]

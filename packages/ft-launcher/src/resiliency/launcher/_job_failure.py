@@ -187,7 +187,7 @@ def publish_preempted(shared: SharedRoundState, evidence: CycleEvidence) -> None
     """A node whose launcher got the scheduler's SIGTERM says so before it stops (best effort:
     the round's store may be gone with its host)."""
     try:
-        shared.store.set(f"{_EVIDENCE}{shared.rank}", encode_cycle_evidence(evidence))
+        shared.exchange.set(f"{_EVIDENCE}{shared.rank}", encode_cycle_evidence(evidence))
     except RuntimeError as exc:
         logger.warning("could not tell the other nodes this node is preempted: %s", exc)
 
@@ -211,11 +211,11 @@ class JobFailureExchange:
         self.used = True
         shared = self._shared
         try:
-            shared.store.set(f"{_EVIDENCE}{shared.rank}", encode_cycle_evidence(local))
+            shared.exchange.set(f"{_EVIDENCE}{shared.rank}", encode_cycle_evidence(local))
             if shared.rank != _JUDGE:
                 return self._read_verdict()
             verdict = self._judge(local)
-            shared.store.set(_VERDICT, verdict.to_json())
+            shared.exchange.set(_VERDICT, verdict.to_json())
             return verdict
         except StoreWaitTimeoutError as exc:
             logger.warning(
@@ -234,7 +234,7 @@ class JobFailureExchange:
         return JobFailureVerdict(classify(local), shared.rank)
 
     def _read_verdict(self) -> JobFailureVerdict:
-        store = self._shared.store
+        store = self._shared.exchange
         wait_keys(store, [_VERDICT], self._wait_s + VERDICT_SLACK_S, "node 0's failure verdict")
         return JobFailureVerdict.from_json(store.get(_VERDICT))
 
@@ -243,16 +243,16 @@ class JobFailureExchange:
         keys = {node: f"{_EVIDENCE}{node}" for node in range(shared.world)}
         present = list(keys)
         try:
-            wait_keys(shared.store, list(keys.values()), self._wait_s, "every node's evidence")
+            wait_keys(shared.exchange, list(keys.values()), self._wait_s, "every node's evidence")
         except StoreWaitTimeoutError as exc:
-            present = [n for n, key in keys.items() if shared.store.check([key])]
+            present = [n for n, key in keys.items() if shared.exchange.check([key])]
             logger.warning(
                 "job-wide failure verdict: %s: no evidence from node(s) %s (their launcher is "
                 "stopped, slow or gone; check their logs); judging without them",
                 exc,
                 ",".join(str(n) for n in keys if n not in present),
             )
-        values = shared.store.multi_get([keys[n] for n in present]) if present else []
+        values = shared.exchange.multi_get([keys[n] for n in present]) if present else []
         nodes: list[CycleEvidence] = []
         for node, data in zip(present, values, strict=True):
             try:

@@ -161,13 +161,13 @@ class JobHangExchange:
         if not self._announced:
             self._announced = True
             try:
-                self._shared.store.add(_HANGS, 1)
+                self._shared.exchange.add(_HANGS, 1)
             except RuntimeError as exc:  # the round's store went with its host
                 logger.error("job-wide hang verdict: cannot announce the hang: %s", exc)
 
     def hang_in_round(self) -> bool:
         """True when a node of this round announced a hang (one store operation)."""
-        return self._announced or int(self._shared.store.add(_HANGS, 0)) > 0
+        return self._announced or int(self._shared.exchange.add(_HANGS, 0)) > 0
 
     def contribute(
         self,
@@ -209,7 +209,7 @@ class JobHangExchange:
         shared = self._shared
         evidence = encode_evidence(shared.rank, restart, frames)
         try:
-            shared.store.set(f"{_EVIDENCE}{shared.rank}", evidence)
+            shared.exchange.set(f"{_EVIDENCE}{shared.rank}", evidence)
         except RuntimeError as exc:  # the store went with its host between two operations
             logger.error("job-wide hang verdict: the round's store is unreachable (%s)", exc)
             return False
@@ -227,12 +227,12 @@ class JobHangExchange:
         if shared.rank != _JUDGE:
             try:
                 wait_keys(
-                    shared.store,
+                    shared.exchange,
                     [_VERDICT],
                     self._wait_s + VERDICT_SLACK_S,
                     "node 0's job-wide hang verdict",
                 )
-                return decode_verdict(shared.store.get(_VERDICT))
+                return decode_verdict(shared.exchange.get(_VERDICT))
             except StoreWaitTimeoutError as exc:
                 logger.warning(
                     "job-wide hang verdict: %s (node 0's launcher is stopped, slow or gone); "
@@ -243,7 +243,7 @@ class JobHangExchange:
                 logger.error("job-wide hang verdict: node 0's verdict is malformed: %s", exc)
         verdict = self._judge_evidence()
         if shared.rank == _JUDGE:
-            shared.store.set(_VERDICT, encode_verdict(verdict))
+            shared.exchange.set(_VERDICT, encode_verdict(verdict))
         return verdict
 
     def _judge_evidence(self) -> HangVerdict:
@@ -252,9 +252,11 @@ class JobHangExchange:
         keys = {node: f"{_EVIDENCE}{node}" for node in range(shared.world)}
         present = list(keys)
         try:
-            wait_keys(shared.store, list(keys.values()), self._wait_s, "every node's hang evidence")
+            wait_keys(
+                shared.exchange, list(keys.values()), self._wait_s, "every node's hang evidence"
+            )
         except StoreWaitTimeoutError as exc:
-            silent = [n for n, key in keys.items() if not shared.store.check([key])]
+            silent = [n for n, key in keys.items() if not shared.exchange.check([key])]
             present = [n for n in keys if n not in silent]
             logger.warning(
                 "job-wide hang verdict: %s: no evidence from node(s) %s (their launcher is "
@@ -263,7 +265,7 @@ class JobHangExchange:
                 ",".join(map(str, silent)),
             )
         # One read for every node's evidence: a get per key would cost a round trip per node.
-        values = shared.store.multi_get([keys[n] for n in present]) if present else []
+        values = shared.exchange.multi_get([keys[n] for n in present]) if present else []
         frames: dict[int, Frame | None] = {}
         nodes: dict[int, int] = {}
         for node, data in zip(present, values, strict=True):

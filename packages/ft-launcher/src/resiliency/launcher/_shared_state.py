@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from torch.distributed import Store
 
@@ -23,6 +23,7 @@ from resiliency.launcher.errors import LauncherError
 
 __all__ = [
     "ACK_WAIT_SECONDS",
+    "ExchangeStore",
     "RoundState",
     "SharedRoundState",
     "StoreWaitTimeoutError",
@@ -66,13 +67,30 @@ class RoundState:
     version: int = field(default=0, compare=False)
 
 
+class ExchangeStore(Protocol):
+    """The store operations the job-wide exchanges use: a c10d ``Store`` (the round's) or a
+    ``BackendStore`` (the supervisor's backend). Failures raise ``RuntimeError``."""
+
+    def set(self, key: str, value: str, /) -> None: ...
+
+    def get(self, key: str, /) -> bytes: ...
+
+    def add(self, key: str, value: int, /) -> int: ...
+
+    def check(self, keys: list[str], /) -> bool: ...
+
+    def multi_get(self, keys: list[str], /) -> list[bytes]: ...
+
+    def wait(self, keys: list[str], timeout: timedelta, /) -> None: ...
+
+
 def _is_timeout(exc: RuntimeError) -> bool:
     # torch raises DistStoreError (a RuntimeError) on a wait deadline; other RuntimeErrors
     # (connection reset: the store's host is gone) are real failures.
     return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
 
 
-def wait_keys(store: Store, keys: list[str], timeout: float, what: str) -> None:
+def wait_keys(store: ExchangeStore | Store, keys: list[str], timeout: float, what: str) -> None:
     """Block until every key exists, or raise :class:`StoreWaitTimeoutError` naming ``what``."""
     if not keys:
         return
@@ -91,12 +109,21 @@ class SharedRoundState:
         store: the round's store (``WorkerGroup.store`` after the rendezvous).
         world: the number of nodes in the round.
         rank: this node's group rank in the round.
+        exchange: where the job-wide failure and hang verdicts are exchanged: the supervisor's
+            backend when one is configured (``exchange_store_for``), else the round's store.
     """
 
-    def __init__(self, store: Store, world: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        world: int = 1,
+        rank: int = 0,
+        exchange: ExchangeStore | None = None,
+    ) -> None:
         self.store = store
         self.world = world
         self.rank = rank
+        self.exchange: ExchangeStore = exchange if exchange is not None else store
 
     @property
     def wake_queue(self) -> str:

@@ -190,7 +190,9 @@ class Supervision:
         self.hangs: dict[str, int] = {}
         monitors.add_listener(self._on_event)
         self.node = args.node_id or os.environ.get(NODE_ID_ENV) or socket.gethostname()
+        self._url: str | None = args.supervisor
         self._backend = backend_from_url(args.supervisor) if args.supervisor else None
+        self._exchange: Any = None
         self.sensor = NodeSensor(
             self._backend,
             self.node,
@@ -249,6 +251,20 @@ class Supervision:
         """The latest document (sampled now when no backend is configured)."""
         return self.sensor.latest if self._backend is not None else self.sensor.sample()
 
+    def exchange_backend(self) -> Any:
+        """The backend the job-wide verdict exchanges use; None without ``--supervisor``.
+
+        A connection of its own: a node waiting for the other nodes' evidence must not hold up
+        the sensor's documents, which share the first connection's lock.
+        """
+        if self._url is None:
+            return None
+        if self._exchange is None:
+            from resiliency.supervisor import backend_from_url  # noqa: PLC0415
+
+            self._exchange = backend_from_url(self._url)
+        return self._exchange
+
     # -- intents (sensor thread -> agent loop) ---------------------------------------------------
     def _on_intent(self, intent: Any) -> None:
         with self._lock:
@@ -282,6 +298,8 @@ class Supervision:
 
     def stop(self) -> None:
         """Publish the final state, stop serving, close the backend."""
+        if self._exchange is not None:
+            self._exchange.close()
         if self._backend is not None:
             self.sensor.stop(final=True)
             self._backend.close()

@@ -25,6 +25,7 @@ from resiliency.launcher._coordination import exit_barrier, failed_elsewhere, st
 from resiliency.launcher._cycle import Cycle
 from resiliency.launcher._diagnosis import HangDiagnosis, culprit_cause
 from resiliency.launcher._event_pump import EventPump
+from resiliency.launcher._exchange_store import exchange_store_for
 from resiliency.launcher._failure_diagnosis import diagnose_cycle, diagnose_node_end, stop_rules_for
 from resiliency.launcher._goodput_events import GoodputEvents
 from resiliency.launcher._health_watch import HealthWatch
@@ -157,10 +158,13 @@ class FtElasticAgent(CompatAgent):
         """Bind the shared round state to the new round's store and start following it."""
         self._stop_watching()
         # torch leaves WorkerGroup.store untyped (None until the first rendezvous).
+        store, rank = cast(Store, worker_group.store), worker_group.group_rank or 0
+        backend = self.supervision.exchange_backend() if self.supervision is not None else None
         self._shared = SharedRoundState(
-            cast(Store, worker_group.store),
+            store,
             world=worker_group.group_world_size or 1,
-            rank=worker_group.group_rank or 0,
+            rank=rank,
+            exchange=exchange_store_for(store, rank, backend),
         )
         self._watcher = RoundWatcher(self._shared).start()
         self._published_failure = False
