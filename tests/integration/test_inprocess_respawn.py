@@ -45,6 +45,14 @@ from inprocess_harness import (
 )
 
 HEAL = ("--heal", "--momentum", "0.9")
+# Respawn alone, forked from the pre-imported server, as the documented mode runs it.
+RESPAWN_PREIMPORTED = (
+    "--ft-inprocess-respawn",
+    "--ft-preimport",
+    "torch,torch._dynamo,resiliency.inprocess",
+    "--max-restarts",
+    "3",
+)
 LAUNCHER_FLAGS = [
     "--monitor-interval",
     "0.1",
@@ -115,13 +123,7 @@ def test_a_sigkilled_rank_is_respawned_alone_joins_and_is_healed_from_a_peer(
         *HEAL,
         "--kill",
         f"2@{FAULT_STEP}",
-        launcher_args=(
-            "--ft-inprocess-respawn",
-            "--ft-preimport",
-            "torch,torch._dynamo,resiliency.inprocess",
-            "--max-restarts",
-            "3",
-        ),
+        launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
     assert "respawned it alone as pid" in run.output and "(SIGKILL)" in run.output
@@ -141,13 +143,7 @@ def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
         "4",
         "--hard",
         "12",
-        launcher_args=(
-            "--ft-inprocess-respawn",
-            "--ft-preimport",
-            "torch,torch._dynamo,resiliency.inprocess",
-            "--max-restarts",
-            "3",
-        ),
+        launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
     assert "rank 2: could not be aborted in-process" in run.output, run.output[-8000:]
