@@ -170,6 +170,9 @@ def test_a_rank_stopped_on_one_node_is_named_job_wide(
     culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
     assert a.wait(60) == 0, a.log()
     assert b.wait(60) == 0, b.log()
+    # The fault must last until the monitor kills the rank: a rank that went on past it (a signal
+    # ended its sleep) let its peer leave the collective, and the verdict judged no real hang.
+    assert not markers(marker_dir, "resumed"), (markers(marker_dir, "resumed"), b.log())
     named = f"-> likely culprit: rank {culprit} (node {culprit})"
     failures: list[str] = []
     for name, node in (("a", a), ("b", b)):

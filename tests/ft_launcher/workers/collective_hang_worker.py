@@ -4,7 +4,9 @@ The faulty node is picked by FT_TEST_FAULT_NODE=1 (the rendezvous assigns the ra
 --fault-step that rank writes marker stopped-<rank>-<attempt>, then either stops (SIGSTOP: it
 cannot even dump its stacks), sleeps in C holding the GIL (--fault gil_sleep), or blocks in a read
 of a FIFO nobody writes (--fault read: a stalled file system); its peers wait for it in
-all_reduce. Markers: start-<rank>-<attempt>-<pid>, done-<rank>-<attempt>.
+all_reduce. Each fault lasts until the rank is killed: should the rank ever go on past it, it
+writes resumed-<rank>-<attempt> (the test fails on it: the hang it judges was not a hang).
+Markers: start-<rank>-<attempt>-<pid>, done-<rank>-<attempt>.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -39,6 +42,20 @@ def read_shard(path: Path) -> bytes:
     os.mkfifo(path)
     with open(path, "rb") as shard:
         return shard.read()
+
+
+def hold_gil_forever() -> NoReturn:
+    """Sleep in C holding the GIL until the process is killed.
+
+    libc's sleep() returns early when a signal is handled, and the monitor's stack-dump signal
+    (faulthandler's C handler) is one: a single sleep(3600) ended at the first dump, the rank
+    joined the all_reduce, its peer went on and was dumped outside the collective, and the verdict
+    named no culprit. A real C-level hang (a dead lock, a spin) does not end on a signal; sleeping
+    again keeps the rank at this frame for good.
+    """
+    libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL
+    while True:
+        libc.sleep(3600)
 
 
 def main() -> int:
@@ -64,7 +81,8 @@ def main() -> int:
             elif args.fault == "read":
                 read_shard(args.marker_dir / f"shard-{RANK}.fifo")
             else:
-                ctypes.PyDLL(None).sleep(3600)
+                hold_gil_forever()
+            mark(args.marker_dir, f"resumed-{RANK}-{ATTEMPT}")
         dist.all_reduce(value)
         client.send_heartbeat()
         time.sleep(0.05)
