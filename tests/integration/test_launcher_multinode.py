@@ -158,6 +158,18 @@ def test_exclude_this_node_lets_the_other_node_go_on(two_nodes, marker_dir: Path
 _PATIENT_HEARTBEAT = ("--ft-rank-heartbeat-timeout", "6")
 
 
+def _wait_for_the_fault(marker_dir: Path) -> int:
+    """Wait for both ranks to start, then for the faulty rank's fault; returns that rank.
+
+    Two deadlines, each naming its stage: at load ~12 on this 2-core machine a rank took 24 s to
+    import torch, and a single 40 s wait from the launchers' start to the fault ran out before
+    node A's rank had started. Once both started, the fault comes at step 3 of the job.
+    """
+    wait_for_markers(marker_dir, "start", 2, 120)
+    stopped = wait_for_markers(marker_dir, "stopped", 1, 60)[0]
+    return int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
+
+
 @pytest.mark.parametrize("fault", ["stop", "gil_sleep"])
 def test_a_rank_stopped_on_one_node_is_named_job_wide(
     two_nodes, marker_dir: Path, tmp_path: Path, fault: str
@@ -166,10 +178,10 @@ def test_a_rank_stopped_on_one_node_is_named_job_wide(
     # A's rank waits for it in all_reduce; each node alone sees only its own rank hung.
     worker = Path(WORKER).parent / "collective_hang_worker.py"
     a, b = two_nodes("2", ["--fault", fault], *_PATIENT_HEARTBEAT, worker=worker)
-    stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
-    culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
-    assert a.wait(60) == 0, a.log()
-    assert b.wait(60) == 0, b.log()
+    culprit = _wait_for_the_fault(marker_dir)
+    # Hang detection (6 s), then the restart: two more torch imports (24 s each at load ~12).
+    assert a.wait(120) == 0, a.log()
+    assert b.wait(120) == 0, b.log()
     # The fault must last until the monitor kills the rank: a rank that went on past it (a signal
     # ended its sleep) let its peer leave the collective, and the verdict judged no real hang.
     assert not markers(marker_dir, "resumed"), (markers(marker_dir, "resumed"), b.log())
@@ -200,8 +212,7 @@ def test_a_node_blocked_in_a_read_is_the_diagnosed_culprit(
     a, b = two_nodes(
         "2", ["--fault", "read"], "--goodput-dir", str(ledger), *_PATIENT_HEARTBEAT, worker=worker
     )
-    stopped = wait_for_markers(marker_dir, "stopped", 1, 40)[0]
-    culprit = int(stopped.split("-")[1])  # one rank per node: its rank is its node rank
+    culprit = _wait_for_the_fault(marker_dir)
     assert a.wait(90) == 0, a.log()
     assert b.wait(90) == 0, b.log()
     events = [e for e in read_ledger([ledger]).events if e.event == "diagnosis"]
