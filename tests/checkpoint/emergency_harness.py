@@ -120,6 +120,8 @@ class Job:
         kill_pid_group(self.group.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.group.wait(10)
+        if self.group.stdout is not None:  # unread when the job was killed before ``wait``
+            self.group.stdout.close()
 
 
 def wait_for_files(directory: Path, pattern: str, count: int, timeout: float, job: Any) -> None:
