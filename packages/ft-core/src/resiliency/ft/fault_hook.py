@@ -27,8 +27,13 @@ _HANG_SECONDS = 24 * 3600
 _installed = False
 
 
-class SimulatedCrash(RuntimeError):  # noqa: N818 - named for what users see in the traceback
-    """Raised inside a rank by an injected ``crash`` fault."""
+class SimulatedCrash(Exception):  # noqa: N818 - named for what users see in the traceback
+    """Raised inside a rank by an injected ``crash`` fault.
+
+    Not a ``RuntimeError``: the signal lands wherever the main thread is, often inside library
+    code that retries a flaky store on ``RuntimeError`` (torch's store errors are ones), which
+    would take the injected crash for a store hiccup and train on.
+    """
 
 
 def _sleep_through_signals(libc: ctypes.CDLL) -> None:

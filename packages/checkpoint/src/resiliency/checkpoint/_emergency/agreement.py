@@ -168,11 +168,13 @@ class StopAgreement:
         """
         if self.store is None:
             return None
+        # A flaky store (torch raises RuntimeError subclasses, sockets OSError) or a garbled
+        # record must not kill the training loop; anything else is the rank's own failure.
         try:
             if not self.store.check([self._stop_key]):
                 return None
             return StopRecord.decode(self.store.get(self._stop_key))
-        except Exception as exc:  # a flaky store must not kill the training loop
+        except (RuntimeError, OSError, ValueError) as exc:
             if not self._warned:
                 self._warned = True
                 logger.warning("emergency stop: checking the store failed (will retry): %s", exc)
