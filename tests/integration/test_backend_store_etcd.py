@@ -23,6 +23,7 @@ from resiliency.launcher._backend_store import (
 )
 from resiliency.launcher._job_verdict import JobHangExchange
 from resiliency.launcher._shared_state import SharedRoundState, StoreWaitTimeoutError, wait_keys
+from resiliency.launcher._supervision import Supervision
 from resiliency.launcher.verdict import Frame, judge_frames
 from resiliency.supervisor import backend_from_url
 
@@ -118,3 +119,35 @@ def test_a_lost_etcd_fails_the_exchange_like_a_lost_round_store() -> None:
         assert not isinstance(caught.value, BackendStoreTimeoutError)
     finally:
         backend.close()
+
+
+class _NoMonitors:
+    """This node's rank monitors, none of which ever reports (only the listener hook is used)."""
+
+    def add_listener(self, listener: object) -> None:
+        self.listener = listener
+
+
+def test_an_etcd_down_at_a_round_start_falls_back_to_the_round_store(caplog) -> None:
+    # The launcher opens the exchange's own connection at the first round that needs it: an
+    # etcd that is down then must not end the launcher; the round uses its own store.
+    if ETCD is None:
+        if etcd_required():
+            pytest.fail(SKIP_ETCD + ", but RESILIENCY_REQUIRE_ETCD=1")
+        pytest.skip(SKIP_ETCD)
+    args = SimpleNamespace(
+        supervisor=None,
+        node_id="n0",
+        supervisor_interval=1.0,
+        status_host="127.0.0.1",
+        status_port=None,
+    )
+    with EtcdServer() as server:
+        args.supervisor = server.url("down")
+        supervision = Supervision(args, lambda: None, _NoMonitors())  # connects the sensor
+        server.stop()
+    try:
+        assert supervision.exchange_backend() is None
+        assert "cannot connect to" in caplog.text and "round's store" in caplog.text
+    finally:
+        supervision.stop()

@@ -255,14 +255,24 @@ class Supervision:
         """The backend the job-wide verdict exchanges use; None without ``--supervisor``.
 
         A connection of its own: a node waiting for the other nodes' evidence must not hold up
-        the sensor's documents, which share the first connection's lock.
+        the sensor's documents, which share the first connection's lock. When it cannot be
+        opened (the backend is down at this round's start) the round exchanges through its own
+        store, logged, and the next round tries again.
         """
         if self._url is None:
             return None
         if self._exchange is None:
-            from resiliency.supervisor import backend_from_url  # noqa: PLC0415
+            from resiliency.supervisor import SupervisorError, backend_from_url  # noqa: PLC0415
 
-            self._exchange = backend_from_url(self._url)
+            try:
+                self._exchange = backend_from_url(self._url)
+            except SupervisorError as exc:
+                logger.error(
+                    "supervisor: cannot connect to %s for the job-wide verdicts (%s); this "
+                    "round exchanges them through the round's store",
+                    self._url,
+                    exc,
+                )
         return self._exchange
 
     # -- intents (sensor thread -> agent loop) ---------------------------------------------------
