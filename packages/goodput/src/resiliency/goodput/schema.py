@@ -156,6 +156,14 @@ EVENT_TYPES: dict[str, dict[str, Field]] = {
         ),
         "iteration": _f("int", "the in-process wrapper's iteration it ran in", False),
     },
+    "inprocess_rollback": {
+        "step": _f("int", "the step every rank reloaded and resumed from (e.g. a local-tier save)"),
+        "lost_steps": _f("int", "steps some rank had trained before the fault that are done again"),
+        "trained_steps": _f(
+            "list[int]", "per rank, the newest step it had trained before the fault (-1: none)"
+        ),
+        "iteration": _f("int", "the in-process wrapper's iteration it ran in", False),
+    },
 }
 
 EVENT_DOCS: dict[str, str] = {
@@ -179,6 +187,8 @@ EVENT_DOCS: dict[str, str] = {
     "inprocess_restart": "the in-process wrapper restarted the function in the same processes",
     "inprocess_heal": "after an in-process restart the ranks agreed on one step and healed the "
     "ranks that lacked it from a peer's memory",
+    "inprocess_rollback": "after an in-process restart every rank reloaded one agreed step "
+    "(sharded state, e.g. FSDP, from the checkpoint's local tier)",
 }
 
 
