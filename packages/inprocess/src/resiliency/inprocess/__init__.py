@@ -19,8 +19,10 @@ from resiliency.inprocess.exception import (
     InternalError,
     RepeatedFaultError,
     RestartError,
+    RollbackError,
 )
 from resiliency.inprocess.heal import Healer, HealResult
+from resiliency.inprocess.rollback import Rollback, RollbackResult
 from resiliency.inprocess.wrap import CallWrapper, Wrapper
 
 __all__ = [
@@ -32,6 +34,9 @@ __all__ = [
     "InternalError",
     "RepeatedFaultError",
     "RestartError",
+    "Rollback",
+    "RollbackError",
+    "RollbackResult",
     "Wrapper",
     "abort",
     "exception",

@@ -45,3 +45,8 @@ class HealError(RestartError):
     """A rank's state could not be healed from its peers: no consistent source, every copy
     failed verification, or the state cannot be sent. Like every ``RestartError`` raised in the
     wrapped function it stops the job (restarting would meet the same state again)."""
+
+
+class RollbackError(RestartError):
+    """The ranks reported different steps to ``Rollback.resumed``: resuming would mix steps.
+    Like every ``RestartError`` raised in the wrapped function it stops the job."""
