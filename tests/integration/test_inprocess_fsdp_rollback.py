@@ -4,8 +4,11 @@
 momentum, a ``CheckpointManager`` with a ``LocalTier`` saving every 3 steps) under plain
 torchrun and ``inprocess.Wrapper``. Rank 1 raises at the start of step 7, after the local
 saves of steps 3 and 6: both ranks resume in the same processes at step 6 with their shards
-equal to an unbroken run's at step 6, and train to the end like it. When rank 0 lost its
-step 6 (a save that never landed), both take step 3: the ranks never mix steps.
+equal to an unbroken run's at step 6, and train to the end like it; the goodput ledger
+records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resiliency-goodput
+report`` counts the restart. When rank 0 lost its step 6 (a save that never landed), both take
+step 3: the ranks never mix steps. Every iteration's manager is closed and leaves no writer
+process.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ pytest.importorskip("resiliency.checkpoint")
 pytest.importorskip("resiliency.inprocess")
 pytest.importorskip("torch.distributed.fsdp")
 
+from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
+from resiliency.goodput.cli import main as report_main
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
 from inprocess_harness import REPO, free_port_pair
 
@@ -31,7 +37,9 @@ JOB = REPO / "tests" / "inprocess" / "jobs" / "fsdp_rollback.py"
 NPROC = 2
 
 
-def run_job(tmp: Path, *job_args: str) -> tuple[int, str, list[dict]]:
+def run_job(
+    tmp: Path, *job_args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, list[dict]]:
     """One torchrun of the job; its session is killed by pid if it outlives 300 s."""
     out = tmp / "out"
     out.mkdir()
@@ -53,10 +61,15 @@ def run_job(tmp: Path, *job_args: str) -> tuple[int, str, list[dict]]:
         str(out),
         *job_args,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+            cmd,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+            start_new_session=True,
         )
         try:
             code = proc.wait(300)
@@ -64,13 +77,36 @@ def run_job(tmp: Path, *job_args: str) -> tuple[int, str, list[dict]]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             raise AssertionError(f"torchrun did not end:\n{log.read_text()[-8000:]}") from None
-    records = [
+    records = records_of(out)
+    assert_no_writer_left(records)
+    return code, log.read_text(errors="replace"), records
+
+
+def records_of(out: Path) -> list[dict]:
+    return [
         json.loads(line)
         for path in sorted(out.glob("rank*.jsonl"))
         for line in path.read_text().splitlines()
         if line
     ]
-    return code, log.read_text(errors="replace"), records
+
+
+def assert_no_writer_left(records: list[dict]) -> None:
+    """Every child process a rank had before closing a manager (its writer) is gone after
+    the close and after the job; one still alive is killed (by pid) and fails the test."""
+    left = []
+    for r in (r for r in records if r["event"] == "closed"):
+        assert r["before"], f"no writer process before the close (nothing checked): {r}"
+        assert not set(r["before"]) & set(r["after"]), f"a writer outlived its close: {r}"
+        for pid in r["before"]:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            left.append(pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"writer processes left behind after the job: {left}"
 
 
 def shard_at(records: list[dict], rank: int, step: int) -> list[float]:
@@ -102,14 +138,46 @@ def assert_rolled_back(output: str, records: list[dict], unbroken: list[dict], s
     assert closed == [(rank, it) for rank in range(NPROC) for it in (0, 1)], output[-6000:]
 
 
+def ledger_events(ledger_dir: Path, event: str) -> list[dict]:
+    lines = [
+        json.loads(x)
+        for p in sorted(ledger_dir.glob("*.jsonl"))
+        for x in p.read_text().splitlines()
+        if x
+    ]
+    return [x for x in lines if x["event"] == event]
+
+
 @pytest.mark.slow
 def test_every_rank_rolls_back_in_process_to_the_newest_local_step(
-    tmp_path: Path, unbroken: list[dict]
+    tmp_path: Path, unbroken: list[dict], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, output, records = run_job(tmp_path, "--raise", "1@7")
+    ledger_dir = tmp_path / "ledger"
+    code, output, records = run_job(tmp_path, "--raise", "1@7", env={DIR_ENV: str(ledger_dir)})
     assert code == 0, output[-6000:]
     assert "rank 1: iteration 0: the wrapped function raised RuntimeError" in output
     assert_rolled_back(output, records, unbroken, step=6)
+    assert "rank 0: rollback: every rank resumes at step 6 (1 steps lost" in output
+
+    # the ledger: the restart, and the rollback it led to with its iteration; 7 steps were
+    # trained on both ranks before the fault, so one (step 7) is trained again
+    [restart] = ledger_events(ledger_dir, "inprocess_restart")
+    [rollback] = ledger_events(ledger_dir, "inprocess_rollback")
+    assert validate_event(rollback) is None
+    assert (restart["cause"], restart["ranks"]) == ("exception", [1])
+    assert rollback["iteration"] == restart["iteration"] == 1
+    assert (rollback["step"], rollback["lost_steps"]) == (6, 1)
+    assert rollback["trained_steps"] == [7, 7]
+    assert rollback["time"] >= restart["time"]
+    # the report counts it as a restart of class inprocess_exception
+    report = compute(read_ledger(sorted(ledger_dir.glob("*.jsonl"))))
+    assert report.restarts == 1
+    [row] = report.by_class
+    assert (row.cls, row.failures) == ("inprocess_exception", 1)
+    assert row.restart_s >= restart["duration_s"] * 0.999
+    assert report_main(["report", str(ledger_dir)]) == 0
+    out = capsys.readouterr().out
+    assert any(x.split()[:2] == ["inprocess_exception", "1"] for x in out.splitlines()), out
 
 
 @pytest.mark.slow
@@ -119,3 +187,4 @@ def test_a_rank_with_an_older_newest_step_makes_everyone_take_the_common_step(
     code, output, records = run_job(tmp_path, "--raise", "1@7", "--stale", "0")
     assert code == 0, output[-6000:]
     assert_rolled_back(output, records, unbroken, step=3)
+    assert "rank 0: rollback: every rank resumes at step 3 (4 steps lost" in output

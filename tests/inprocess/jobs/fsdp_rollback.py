@@ -7,8 +7,14 @@ with a ``LocalTier`` at every iteration, on the new process group, and ``load`` 
 newest step that verifies on every rank (one step, agreed by all ranks). The manager is closed
 in a ``finally`` inside the function, so a restart never leaves its writer behind.
 
+The job reports the step it reloaded to ``inprocess.Rollback`` (every rank's newest trained
+step, the steps lost; rank 0 records it in the goodput ledger when ``RESILIENCY_GOODPUT_DIR``
+is set, with rank 0's ``step`` events).
+
 Each rank appends JSON lines to OUT/rank<rank>.jsonl: ``start`` (pid, iteration, the step
-resumed from, this rank's shard of the parameters), ``params`` after every step, ``closed``.
+resumed from, the steps lost, this rank's shard of the parameters), ``params`` after every
+step, ``closed`` (this process's child processes before and after the manager's close: its
+writer).
   --raise R@N   rank R raises at the start of step N in iteration 0
   --stale R     at iteration 1, rank R loses its newest local step (its save never landed)
 """
@@ -30,13 +36,31 @@ from torch.distributed.fsdp import fully_shard
 
 from resiliency import inprocess
 from resiliency.checkpoint import AppState, CheckpointManager, LocalTier
+from resiliency.goodput import get_recorder
 
 RANK = int(os.environ["RANK"])
 
 
 def shard(model: torch.nn.Module) -> list[float]:
     """This rank's shard of every parameter (DTensor's local part)."""
-    return [float(v) for p in model.parameters() for v in p.to_local().flatten()]  # type: ignore[operator]
+    return [float(v) for p in model.parameters() for v in p.to_local().detach().flatten()]  # type: ignore[operator]
+
+
+def children() -> list[int]:
+    """Pids of this process's live child processes (the checkpoint writer among them)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it exited while we looked
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def main() -> int:
@@ -55,6 +79,9 @@ def main() -> int:
     def record(**fields: object) -> None:
         with log_path.open("a") as f:
             f.write(json.dumps({"rank": RANK, "pid": os.getpid(), **fields}) + "\n")
+
+    # outside the function: it keeps the newest step trained before a fault
+    rollback = inprocess.Rollback()
 
     @inprocess.Wrapper(
         monitor_thread_interval=timedelta(seconds=0.2),
@@ -92,7 +119,15 @@ def main() -> int:
             # the optimizer's state too (momentum): AppState goes through get_state_dict
             state = {"app": AppState(model, opt)}
             step = mgr.load(state) or 0
-            record(event="start", iteration=it, step=step, params=shard(model))
+            resumed = rollback.resumed(step, call_wrapper=call_wrapper)
+            record(
+                event="start",
+                iteration=it,
+                step=step,
+                lost=resumed.lost_steps,
+                trained=list(resumed.trained_steps),
+                params=shard(model),
+            )
             while step < args.steps:
                 if it == 0 and str(RANK) == fault_rank and step == int(fault_step):
                     raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
@@ -101,6 +136,8 @@ def main() -> int:
                 model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
                 opt.step()
                 step += 1
+                rollback.trained(step)
+                get_recorder().step(step)  # rank 0's, into the ledger (no-op without one)
                 record(event="params", iteration=it, step=step, params=shard(model))
                 mgr.save(step, state)
             mgr.wait()
@@ -109,8 +146,9 @@ def main() -> int:
             # new group). Shielded: a peer's fault seen by the monitor waits for it, instead
             # of interrupting it half-way and leaving the writer behind; not progress.
             with call_wrapper.atomic(progress=False):
+                before = children()
                 mgr.close()
-                record(event="closed", iteration=it)
+                record(event="closed", iteration=it, before=before, after=children())
         dist.destroy_process_group()
 
     train()
