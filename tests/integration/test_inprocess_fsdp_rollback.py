@@ -7,8 +7,9 @@ saves of steps 3 and 6: both ranks resume in the same processes at step 6 with t
 equal to an unbroken run's at step 6, and train to the end like it; the goodput ledger
 records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resiliency-goodput
 report`` counts the restart. When rank 0 lost its step 6 (a save that never landed), both take
-step 3: the ranks never mix steps. Every iteration's manager is closed and leaves no writer
-process.
+step 3: the ranks never mix steps. When rank 1 hangs in libc with the GIL released (right
+after the save of step 6 was started), the monitors abort the group and both ranks resume at
+one agreed local step. Every iteration's manager is closed and leaves no writer process.
 """
 
 from __future__ import annotations
@@ -188,3 +189,43 @@ def test_a_rank_with_an_older_newest_step_makes_everyone_take_the_common_step(
     assert code == 0, output[-6000:]
     assert_rolled_back(output, records, unbroken, step=3)
     assert "rank 0: rollback: every rank resumes at step 3 (4 steps lost" in output
+
+
+@pytest.mark.slow
+def test_a_gil_released_hang_is_aborted_and_every_rank_rolls_back(
+    tmp_path: Path, unbroken: list[dict]
+) -> None:
+    """Rank 1 sleeps in libc at the start of step 7, right after the save of step 6 started
+    (it may still be in flight on the group the monitors abort). Both ranks resume at one
+    local step: 6 when that save landed on both, else 3; never one each."""
+    ledger_dir = tmp_path / "ledger"
+    code, output, records = run_job(
+        tmp_path,
+        "--hang",
+        "1@7",
+        "--soft",
+        "4",
+        "--hard",
+        "60",
+        env={DIR_ENV: str(ledger_dir)},
+    )
+    assert code == 0, output[-6000:]
+    assert "no progress for" in output and "soft_timeout 4 s" in output, output[-6000:]
+    assert "could not be aborted" not in output
+    again = {r["rank"]: r["step"] for r in records if r["event"] == "start" and r["iteration"]}
+    assert len(set(again.values())) == 1, f"the ranks resumed at different steps: {again}"
+    [step] = set(again.values())
+    assert step in (3, 6), again
+    assert_rolled_back(output, records, unbroken, step=step)
+    [restart] = ledger_events(ledger_dir, "inprocess_restart")
+    [rollback] = ledger_events(ledger_dir, "inprocess_rollback")
+    assert restart["cause"] == "hang"
+    assert rollback["iteration"] == restart["iteration"] == 1
+    # rank 1 hung with 7 steps trained; rank 0 could not finish step 8 without it
+    assert rollback["trained_steps"] == [7, 7]
+    assert (rollback["step"], rollback["lost_steps"]) == (step, 7 - step)
+    [row] = compute(read_ledger(sorted(ledger_dir.glob("*.jsonl")))).by_class
+    assert (row.cls, row.failures) == ("inprocess_hang", 1)
+    # the stall (4 s) lets rank 0's recorder write step 7 before the restart: redoing it is
+    # lost progress in the report
+    assert row.lost_progress_s > 0

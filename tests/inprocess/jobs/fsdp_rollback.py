@@ -16,12 +16,16 @@ resumed from, the steps lost, this rank's shard of the parameters), ``params`` a
 step, ``closed`` (this process's child processes before and after the manager's close: its
 writer).
   --raise R@N   rank R raises at the start of step N in iteration 0
+  --hang R@N    rank R sleeps in libc (GIL released) at the start of step N in iteration 0,
+                again after every signal that does not raise (a stack dump), until the restart
   --stale R     at iteration 1, rank R loses its newest local step (its save never landed)
+  --soft S, --hard S   the Wrapper's soft and hard timeouts (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -63,16 +67,28 @@ def children() -> list[int]:
     return sorted(found)
 
 
+def hang() -> None:
+    """Sleep in libc with the GIL released; a signal without a Python exception (the monitor's
+    stack dump) ends one sleep(), so sleep again: only the restart's exception ends this."""
+    libc = ctypes.CDLL(None)
+    while True:
+        libc.sleep(600)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--raise", dest="raise_", default="")
+    parser.add_argument("--hang", default="")
     parser.add_argument("--stale", type=int, default=-1)
+    parser.add_argument("--soft", type=float, default=60.0)
+    parser.add_argument("--hard", type=float, default=90.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     fault_rank, _, fault_step = args.raise_.partition("@")
+    hang_rank, _, hang_step = args.hang.partition("@")
     log_path = args.out / f"rank{RANK}.jsonl"
     local = args.out / "local"
 
@@ -86,8 +102,8 @@ def main() -> int:
     @inprocess.Wrapper(
         monitor_thread_interval=timedelta(seconds=0.2),
         heartbeat_interval=timedelta(seconds=0.5),
-        soft_timeout=timedelta(seconds=60),
-        hard_timeout=timedelta(seconds=90),
+        soft_timeout=timedelta(seconds=args.soft),
+        hard_timeout=timedelta(seconds=args.hard),
         barrier_timeout=timedelta(seconds=120),
     )
     def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
@@ -131,6 +147,8 @@ def main() -> int:
             while step < args.steps:
                 if it == 0 and str(RANK) == fault_rank and step == int(fault_step):
                     raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
+                if it == 0 and str(RANK) == hang_rank and step == int(hang_step):
+                    hang()
                 g = torch.Generator().manual_seed(1000 * step + RANK)
                 opt.zero_grad(set_to_none=True)
                 model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
