@@ -9,13 +9,15 @@ records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resili
 report`` counts the restart. When rank 0 lost its step 6 (a save that never landed), both take
 step 3: the ranks never mix steps. When rank 1 hangs in libc with the GIL released (right
 after the save of step 6 was started), the monitors abort the group and both ranks resume at
-one agreed local step. Every iteration's manager is closed and leaves no writer process.
+one agreed local step; the same on the issue's 4 ranks. Every iteration's manager is closed
+and leaves no writer process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +41,7 @@ NPROC = 2
 
 
 def run_job(
-    tmp: Path, *job_args: str, env: dict[str, str] | None = None
+    tmp: Path, *job_args: str, env: dict[str, str] | None = None, nproc: int = NPROC
 ) -> tuple[int, str, list[dict]]:
     """One torchrun of the job; its session is killed by pid if it outlives 300 s."""
     out = tmp / "out"
@@ -50,7 +52,7 @@ def run_job(
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        str(NPROC),
+        str(nproc),
         "--master-addr",
         "127.0.0.1",
         "--master-port",
@@ -229,3 +231,59 @@ def test_a_gil_released_hang_is_aborted_and_every_rank_rolls_back(
     # the stall (4 s) lets rank 0's recorder write step 7 before the restart: redoing it is
     # lost progress in the report
     assert row.lost_progress_s > 0
+
+
+@pytest.mark.slow
+def test_on_4_ranks_a_gil_released_hang_rolls_every_rank_back_to_one_step(tmp_path: Path) -> None:
+    """The issue's 4 gloo ranks, rank 2 hung in libc once step 7 is trained. One torchrun: the
+    reference is the same run before the fault (its ranks are the same processes, its data
+    seeded by step and rank), not a 4-rank unbroken run. Each rank reloads exactly the shard
+    it had after the agreed step, and training step 7 again gives the shard it gave before."""
+    ledger_dir = tmp_path / "ledger"
+    nproc = 4
+    code, output, records = run_job(
+        tmp_path,
+        "--hang",
+        "2@7",
+        "--soft",
+        "4",
+        "--hard",
+        "60",
+        env={DIR_ENV: str(ledger_dir)},
+        nproc=nproc,
+    )
+    assert code == 0, output[-6000:]
+    # any rank's soft timeout may fire first (all stall); rank 2's log shows where it sat
+    assert "no progress for" in output and "soft_timeout 4 s" in output, output[-6000:]
+    culprit = r"rank 2: iteration 0: fault: .*this rank's main thread at \S+\.py:\d+ in hang\)"
+    assert re.search(culprit, output), output[-6000:]
+    starts = {(r["rank"], r["iteration"]): r for r in records if r["event"] == "start"}
+    assert sorted(starts) == [(rank, it) for rank in range(nproc) for it in (0, 1)], output[-6000:]
+    steps = {starts[rank, 1]["step"] for rank in range(nproc)}
+    assert len(steps) == 1, f"the ranks resumed at different steps: {starts}"
+    [step] = steps
+    assert step in (3, 6)
+
+    def params(rank: int, iteration: int, at: int) -> list[float]:
+        key = ("params", rank, iteration, at)
+        [found] = [
+            r["params"]
+            for r in records
+            if (r["event"], r["rank"], r["iteration"], r.get("step")) == key
+        ]
+        return found
+
+    for rank in range(nproc):
+        assert starts[rank, 1]["pid"] == starts[rank, 0]["pid"], f"rank {rank} is a new process"
+        assert starts[rank, 1]["params"] == params(rank, 0, step), f"rank {rank}'s reloaded shard"
+        # the same processes, data and reduction order: bit for bit
+        assert params(rank, 1, 7) == params(rank, 0, 7), f"rank {rank}'s step 7 trained again"
+        assert params(rank, 1, 12)  # trained to the end
+    closed = sorted((r["rank"], r["iteration"]) for r in records if r["event"] == "closed")
+    assert closed == [(rank, it) for rank in range(nproc) for it in (0, 1)], output[-6000:]
+    [restart] = ledger_events(ledger_dir, "inprocess_restart")
+    [rollback] = ledger_events(ledger_dir, "inprocess_rollback")
+    assert restart["cause"] == "hang"
+    assert rollback["iteration"] == restart["iteration"] == 1
+    assert rollback["trained_steps"] == [7] * nproc
+    assert (rollback["step"], rollback["lost_steps"]) == (step, 7 - step)
