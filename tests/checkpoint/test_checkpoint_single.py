@@ -59,6 +59,8 @@ def test_save_load_steps_latest_and_retention(manager: CheckpointManager):
         manager.load({"app": _app(3)}, step=7)
 
 
+# torch's dcp.load, called here as a user of plain DCP would, warns that it loads in one process.
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_a_committed_step_is_a_standard_dcp_checkpoint(manager: CheckpointManager, tmp_path: Path):
     app = _app(4)
     writer = manager._writer

@@ -39,6 +39,7 @@ import os
 import re
 import struct
 import sys
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -59,6 +60,7 @@ from resiliency.checkpoint import _layout
 _CHUNK = 4 << 20  # CRC-32 each piece while it is still in the CPU's cache
 _STORAGE_RECORD = re.compile(r"(^|/)data/\d+$")
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_DCP_NO_DIST_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
 
 class CorruptShardError(Exception):
@@ -414,7 +416,11 @@ def load_verified(
         if not name.endswith(".distcp"):
             reader.check_whole(name)
     try:
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        with warnings.catch_warnings():
+            # torch 2.x warns that it "assumes the intent is to load in a single process" even
+            # when no_dist=True says so: every user restore would print it once per rank.
+            warnings.filterwarnings("ignore", _DCP_NO_DIST_WARNING, UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:
         corrupt = corruption_in(exc)
         if corrupt is not None:
