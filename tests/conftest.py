@@ -59,6 +59,9 @@ from typing import Any
 
 import pytest
 
+# Tests sharing a module-scoped fixture stay on one xdist worker (tests/xdist_grouping.py).
+pytest_plugins = ("xdist_grouping",)
+
 # How long what is still exiting may take; the self-test shortens it to keep its leaks quick.
 GRACE_S = float(os.environ.get("RESILIENCY_LEAK_GRACE_S", "5"))
 KINDS = ("process", "thread", "socket", "env", "signal")
