@@ -63,8 +63,8 @@ def test_a_workers_exit_78_is_a_configuration_error_that_stops_the_job(
 def test_sigterm_to_the_launcher_is_a_preemption_of_its_node(launch, marker_dir, tmp_path):
     ledger = tmp_path / "ledger"
     launcher = launch(_args(ledger, "exit_on_sigterm", marker_dir))
-    launcher.wait_for_log("workers started", 30)
-    wait_for_markers(marker_dir, "armed", 2, 30)
+    launcher.wait_for_log("workers started", 120)
+    wait_for_markers(marker_dir, "armed", 2, 120)
     launcher.signal(signal.SIGTERM)
     assert launcher.wait(30) == 0, launcher.log()
     (verdict,) = _diagnoses(ledger)
@@ -82,7 +82,7 @@ def test_a_failed_health_check_names_the_node_that_leaves(launch, marker_dir, tm
     )
     extra = ("--node-health-check-cmd", check, "--ft-node-health-check-interval", "0.2")
     launcher = launch([*_args(ledger, "ok", marker_dir, *extra), "--steps", "400"])
-    wait_for_markers(marker_dir, "start", 2, 30)
+    wait_for_markers(marker_dir, "start", 2, 120)
     flag.touch()
     assert launcher.wait(30) == 4, launcher.log()
     (verdict,) = _diagnoses(ledger)
@@ -95,7 +95,7 @@ def test_a_failed_health_check_names_the_node_that_leaves(launch, marker_dir, tm
 def test_a_killed_rank_monitor_is_named_with_its_rank(launch, marker_dir, tmp_path):
     ledger = tmp_path / "ledger"
     launcher = launch([*_args(ledger, "ok", marker_dir), "--steps", "60"])
-    launcher.wait_for_log("workers started", 30)
+    launcher.wait_for_log("workers started", 120)
     found = re.search(r"rank monitor for local rank 1 started \(pid (\d+)\)", launcher.log())
     assert found, launcher.log()
     os.kill(int(found.group(1)), signal.SIGKILL)

@@ -34,10 +34,10 @@ def _args(mode: str, marker_dir: Path, *extra: str) -> list[str]:
 
 def test_sigterm_with_clean_workers_exits_0(launch, marker_dir: Path):
     launcher = launch(_args("exit_on_sigterm", marker_dir))
-    launcher.wait_for_log("workers started", 20)
-    wait_for_markers(marker_dir, "armed", 2, 20)  # both SIGTERM handlers are in place
+    launcher.wait_for_log("workers started", 120)
+    wait_for_markers(marker_dir, "armed", 2, 120)  # both SIGTERM handlers are in place
     launcher.signal(signal.SIGTERM)
-    assert launcher.wait(20) == 0, launcher.log()
+    assert launcher.wait(90) == 0, launcher.log()
     assert markers(marker_dir, "sigterm") == ["sigterm-0-0", "sigterm-1-0"]
     assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))
     assert "exits 0 (signal_clean)" in launcher.log()
@@ -45,11 +45,11 @@ def test_sigterm_with_clean_workers_exits_0(launch, marker_dir: Path):
 
 def test_sigterm_with_workers_ignoring_it_kills_them_after_term_timeout(launch, marker_dir: Path):
     launcher = launch(_args("ignore_sigterm", marker_dir, "--term-timeout", "1.5"))
-    launcher.wait_for_log("workers started", 20)
-    wait_for_markers(marker_dir, "armed", 2, 20)  # both SIGTERM handlers are in place
+    launcher.wait_for_log("workers started", 120)
+    wait_for_markers(marker_dir, "armed", 2, 120)  # both SIGTERM handlers are in place
     start = time.monotonic()
     launcher.signal(signal.SIGTERM)
-    code = launcher.wait(20)
+    code = launcher.wait(90)
     took = time.monotonic() - start
     # NVIDIA's ft_launcher and torchrun exit 1 here (issue 10), not 128 + SIGTERM.
     assert code == 1, launcher.log()
@@ -61,9 +61,9 @@ def test_sigterm_with_workers_ignoring_it_kills_them_after_term_timeout(launch, 
 
 def test_sigterm_leaves_no_orphan_children(launch, marker_dir: Path):
     launcher = launch(_args("child_ignores_sigterm", marker_dir, "--term-timeout", "1"))
-    wait_for_markers(marker_dir, "child", 2, 20)
+    wait_for_markers(marker_dir, "child", 2, 120)
     launcher.signal(signal.SIGTERM)
-    launcher.wait(20)
+    launcher.wait(90)
     children = child_pids(marker_dir)
     assert len(children) == 2
     deadline = time.monotonic() + 5
@@ -74,7 +74,7 @@ def test_sigterm_leaves_no_orphan_children(launch, marker_dir: Path):
 
 def test_killed_monitor_fails_the_group_and_is_replaced(launch, marker_dir: Path):
     launcher = launch([*_args("ok", marker_dir), "--steps", "60"])
-    launcher.wait_for_log("workers started", 20)
+    launcher.wait_for_log("workers started", 120)
     found = re.search(r"rank monitor for local rank 0 started \(pid (\d+)\)", launcher.log())
     assert found, launcher.log()
     os.kill(int(found.group(1)), signal.SIGKILL)
@@ -94,10 +94,10 @@ def test_node_turning_unhealthy_while_running_leaves_the_job(launch, marker_dir:
     interval = ("--ft-node-health-check-interval", "0.2")
     args = _args("ok", marker_dir, "--node-health-check-cmd", check, *interval)
     launcher = launch([*args, "--steps", "400"])
-    launcher.wait_for_log("workers started", 20)
-    wait_for_markers(marker_dir, "start", 2, 20)
+    launcher.wait_for_log("workers started", 120)
+    wait_for_markers(marker_dir, "start", 2, 120)
     flag.touch()
-    assert launcher.wait(20) == 4, launcher.log()
+    assert launcher.wait(90) == 4, launcher.log()
     log = launcher.log()
     assert "node health check failed" in log and "GPU 3 lost" in log
     assert not any(alive(pid) for pid in recorded_worker_pids(marker_dir))
@@ -117,9 +117,9 @@ def test_a_slow_health_check_does_not_delay_hang_detection(launch, marker_dir: P
     interval = ("--ft-node-health-check-interval", "0.2")
     args = _args("hang_hb", marker_dir, "--node-health-check-cmd", check, *interval)
     launcher = launch(args)
-    wait_for_markers(marker_dir, "hang", 1, 30)
+    wait_for_markers(marker_dir, "hang", 1, 120)
     hung_at = time.monotonic()
-    launcher.wait_for_log("hung: heartbeat", 25)
+    launcher.wait_for_log("hung: heartbeat", 120)
     took = time.monotonic() - hung_at
     print(f"the hang was acted on {took:.2f} s after it began")  # shown with pytest -s
     # Expected about the 1.5 s heartbeat timeout plus a 0.1 s check interval; a loop blocked by

@@ -79,7 +79,7 @@ def two_nodes(tmp_path: Path, marker_dir: Path):
         started.append(node_a)
         # A's store exists once it logs its set-up line: B is then surely not the store host
         # (torch's c10d rendezvous cannot outlive the node hosting its store).
-        node_a.wait_for_log("worker(s) on this node", 40)
+        node_a.wait_for_log("worker(s) on this node", 120)
         node_b = node("b", "1")
         started.append(node_b)
         return node_a, node_b
@@ -92,7 +92,7 @@ def two_nodes(tmp_path: Path, marker_dir: Path):
 
 def _both_joined(a: Launcher, b: Launcher) -> None:
     for node in (a, b):
-        node.wait_for_log("of 2, fresh worker store", 40)
+        node.wait_for_log("of 2, fresh worker store", 120)
 
 
 def test_failure_on_one_node_restarts_both(two_nodes, marker_dir: Path):
