@@ -1,13 +1,21 @@
-"""``CallWrapper.atomic(progress=False)``: shielded from the abort, not counted as progress."""
+"""``CallWrapper.atomic(progress=False)``: shielded from the abort, not counted as progress; a
+restart request is raised when the block ends, also one that came while it waited to start."""
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 import torch.distributed as dist
 
 from resiliency import inprocess
+from resiliency.inprocess._interrupt import RESTART_SIGNAL
+from resiliency.inprocess.exception import RankShouldRestart
 
 
 @pytest.fixture
@@ -29,3 +37,80 @@ def test_a_shielded_block_holds_the_abort_lock_and_is_not_progress(
     with call_wrapper.atomic():
         pass
     assert call_wrapper._marks == 1
+
+
+def test_a_restart_request_inside_a_shielded_block_is_raised_when_it_ends(
+    call_wrapper: inprocess.CallWrapper,
+) -> None:
+    call_wrapper.interrupter.arm()
+    went_on = []
+    with pytest.raises(RankShouldRestart, match="peer fault"), call_wrapper.atomic(progress=False):
+        call_wrapper.interrupter.request("peer fault")  # the signal, to this thread
+        went_on.append(True)  # the handler ran at the line above: the block goes on
+    assert went_on == [True]
+    assert not call_wrapper.interrupter.armed  # delivered once
+
+
+def test_a_block_ending_with_its_own_error_keeps_it_and_drops_the_request(
+    call_wrapper: inprocess.CallWrapper,
+) -> None:
+    call_wrapper.interrupter.arm()
+    with pytest.raises(ValueError, match="its own"), call_wrapper.atomic():
+        call_wrapper.interrupter.request("peer fault")
+        raise ValueError("its own")
+    # still armed: a main thread stuck after it is terminated at hard_timeout
+    assert call_wrapper.interrupter.armed
+    with call_wrapper.atomic():  # nothing held over for the next block
+        pass
+
+
+def test_a_restart_request_while_waiting_for_the_monitor_s_lock_lets_the_block_run_first(
+    call_wrapper: inprocess.CallWrapper,
+) -> None:
+    """The monitor holds the atomic lock while it aborts and signals. A main thread that waits
+    for that lock (a ``finally`` that closes a checkpoint manager after the abort failed its
+    collective) gets the request after its block, not inside the lock's acquire (seen: the
+    manager was never closed and its writer process outlived the job)."""
+    interrupter = call_wrapper.interrupter
+    interrupter.arm()
+    errors: list[str] = []
+
+    def monitor() -> None:
+        with call_wrapper.atomic_lock:
+            if not waiting_for_the_lock():
+                errors.append("the main thread did not wait for the lock in atomic() within 30 s")
+                return
+            interrupter.request("peer fault")
+            if not handled.wait(30):
+                errors.append("the main thread did not handle the signal within 30 s")
+
+    def waiting_for_the_lock() -> bool:
+        """The main thread sits in atomic() (in the lock's C acquire) for 5 polls in a row."""
+        main, deadline, seen = threading.main_thread().ident, time.monotonic() + 30, 0
+        while time.monotonic() < deadline and seen < 5:
+            frame = sys._current_frames().get(main)  # where the main thread sits
+            seen = seen + 1 if frame is not None and frame.f_code.co_name == "atomic" else 0
+            time.sleep(0.02)
+        return seen >= 5
+
+    handled = threading.Event()
+    original = interrupter._handle
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        try:
+            original(signum, frame)
+        finally:
+            handled.set()
+
+    signal.signal(RESTART_SIGNAL, handle)
+    thread = threading.Thread(target=monitor)
+    thread.start()
+    ran = []
+    try:
+        with pytest.raises(RankShouldRestart, match="peer fault"), call_wrapper.atomic():
+            ran.append(True)
+    finally:
+        thread.join(60)
+        interrupter.disarm()
+    assert not errors, errors
+    assert ran == [True], "the request was raised before the block could run"

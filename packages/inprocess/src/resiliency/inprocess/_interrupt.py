@@ -3,13 +3,21 @@
 A real-time signal is sent to the main thread; its handler raises ``RankShouldRestart`` while
 the wrapped function runs ("armed"). A signal, unlike an asynchronous exception, also ends a
 blocking system call (``sleep``, ``read``, ``poll``) that a GIL-released hang sits in.
+
+Inside :meth:`Interrupter.deferred` (``CallWrapper.atomic()``) the request is held and raised
+when the block ends. That covers the wait to enter the block too: the monitor holds the atomic
+lock while it aborts and sends the signal, so a main thread whose collective the abort just
+failed, now in a ``finally`` waiting for that lock to close its checkpoint manager, would
+otherwise get ``RankShouldRestart`` inside the lock's acquire and skip the clean-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 from resiliency.inprocess.exception import ConfigError, RankShouldRestart
@@ -31,17 +39,45 @@ class Interrupter:
             )
         self._armed = False
         self._reason = ""
+        self._depth = 0  # nested deferred() blocks the main thread is in (or waits to enter)
+        self._pending = False  # a request arrived inside them
         self._main_ident = threading.main_thread().ident
         self._previous = signal.signal(RESTART_SIGNAL, self._handle)
 
     def _handle(self, _signum: int, _frame: FrameType | None) -> None:
         if self._armed:
+            if self._depth:
+                # raised when the outermost deferred() block ends; still armed, so a block
+                # that never ends is terminated at hard_timeout like any stuck main thread
+                self._pending = True
+                return
+            self._armed = False
+            raise RankShouldRestart(self._reason)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block a request never interrupts: it is raised when the block ends (main thread).
+
+        A block that ends with its own exception propagates that one (the function is leaving
+        anyway); the held request is dropped and the interrupter stays armed, so a main thread
+        that then stays stuck is still terminated at ``hard_timeout``.
+        """
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            deliver = self._pending and self._depth == 0
+            if deliver:
+                self._pending = False
+        if deliver and self._armed:
             self._armed = False
             raise RankShouldRestart(self._reason)
 
     def arm(self) -> None:
         """The wrapped function starts: a request will raise in it."""
         self._reason = ""
+        self._pending = False
         self._armed = True
 
     def disarm(self) -> None:

@@ -262,14 +262,16 @@ class CallWrapper:
 
     @contextlib.contextmanager
     def atomic(self, *, progress: bool = True) -> Iterator[None]:
-        """A block the abort never runs in the middle of (e.g. an optimizer step).
+        """A block the abort never runs in the middle of (e.g. an optimizer step); a restart
+        request that comes while it runs, or waits to start, is raised when it ends.
 
         Args:
             progress: whether a completed block counts as progress for the stop rule
                 (``max_repeated_faults``); False for clean-up that every failed attempt also
                 runs, such as closing a checkpoint manager in a ``finally``.
         """
-        with self.atomic_lock:
+        # deferred() outside the lock: the monitor signals while it holds the lock
+        with self.interrupter.deferred(), self.atomic_lock:
             yield
             if progress:
                 self._marks += 1
