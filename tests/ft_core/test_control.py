@@ -73,12 +73,13 @@ def test_monitor_exits_when_its_controller_dies(sock_dir, tmp_path):
         assert pid_alive(monitor_pid)
         proc.kill()  # the launcher dies without a word
         proc.wait(5)
-        assert _wait_gone(monitor_pid, 10), "the monitor outlived its controller"
+        assert _wait_gone(monitor_pid, 30), "the monitor outlived its controller"
         assert not (sock_dir / "rank-0.sock").exists()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+        proc.stdout.close()
         if monitor_pid is not None and pid_alive(monitor_pid):
             os.kill(monitor_pid, signal.SIGKILL)
 

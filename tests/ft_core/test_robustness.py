@@ -157,10 +157,16 @@ print("fuzz done", flush=True)
 def test_bad_frames_do_not_stop_hang_detection(start_monitor, spawn_rank, tmp_path, fuzz):
     frames = tmp_path / "frames.json"
     frames.write_text(json.dumps([base64.b64encode(f).decode() for f in GARBAGE]))
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts={"after_fuzz": 1.0})
+    # The rank's first heartbeat comes after all the bad frames (and hypothesis's import and 150
+    # examples): 20 s of FAST_CONFIG's initial timeout was not enough under 4 xdist workers.
+    monitor = start_monitor(
+        initial_rank_heartbeat_timeout=300.0,
+        rank_heartbeat_timeout=None,
+        rank_section_timeouts={"after_fuzz": 1.0},
+    )
     code = RAW_RANK.replace("{fuzz}", FUZZ if fuzz else "")
     rank = spawn_rank(code, monitor, prelude=False, args=(str(frames),))
-    hang = monitor.wait_event("hang", pid=rank.pid, timeout=60)
+    hang = monitor.wait_event("hang", pid=rank.pid, timeout=300)
     assert hang.timer == "section:after_fuzz", rank.output()
     assert hang.stack_dump is not None and "hang_after_bad_frames" in hang.stack_dump
     assert monitor.wait_event("killed", pid=rank.pid).signal == "SIGTERM"
