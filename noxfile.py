@@ -120,7 +120,7 @@ def _install(session: nox.Session, *requirements: str) -> None:
 def _pytest(
     session: nox.Session, *args: str, workers: int = TEST_WORKERS, env: dict[str, str] | None = None
 ) -> None:
-    """Run pytest on ``workers`` processes; a session that collects no test fails (exit code 5).
+    """Run pytest on ``workers`` processes (0: in this one); no test collected fails (exit 5).
 
     ``nox -s NAME -- -n 0`` runs one session's tests in one process (the last ``-n`` wins).
     """
@@ -153,14 +153,15 @@ def ft_core(session: nox.Session) -> None:
 def straggler(session: nox.Session) -> None:
     """resiliency-straggler alone: no torch, no CUDA, no siblings."""
     _install(session, "pkg:straggler", *TEST_DEPS)
-    _pytest(session, "tests/straggler", "tests/compat/test_straggler.py")
+    # ~10 s in one process: starting xdist's workers would cost more than they save.
+    _pytest(session, "tests/straggler", "tests/compat/test_straggler.py", workers=0)
 
 
 @nox.session(python=ALL_PYTHONS)
 def goodput(session: nox.Session) -> None:
     """resiliency-goodput alone: stdlib only (the plot extra is tested in ``integration``)."""
     _install(session, "pkg:goodput", *TEST_DEPS)
-    _pytest(session, "tests/goodput")
+    _pytest(session, "tests/goodput", workers=2)
 
 
 @nox.session(python=TORCH_PYTHON)
@@ -203,7 +204,7 @@ def straggler_cupti(session: nox.Session) -> None:
         "scikit-build-core>=0.10",
         *TEST_DEPS,
     )
-    _pytest(session, "tests/straggler_cupti")
+    _pytest(session, "tests/straggler_cupti", workers=0)  # ~30 s, mostly one wheel build
 
 
 @nox.session(python=TORCH_PYTHON)
