@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
+XDIST_GROUPING = CONFTEST.parent / "xdist_grouping.py"  # a plugin the conftest loads
 
 SUITE = """
 import os, signal, socket, subprocess, threading, time
@@ -127,6 +128,7 @@ def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) ->
     # call conftest hooks for the session-scoped fixtures that hang off the Session node.
     (tmp_path / "tests").mkdir()
     shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
+    shutil.copy(XDIST_GROUPING, tmp_path / "tests")
     (tmp_path / "tests" / "test_suite.py").write_text(textwrap.dedent(SUITE))
     env = {**os.environ, "RESILIENCY_LEAK_GRACE_S": "0.5"}
     result = subprocess.run(
@@ -164,6 +166,7 @@ def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) ->
 
 def test_a_marker_without_a_reason_stops_the_run(tmp_path: Path) -> None:
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    shutil.copy(XDIST_GROUPING, tmp_path)
     (tmp_path / "test_marker.py").write_text(
         'import pytest\n\n@pytest.mark.allow_leak("thread")\ndef test_x():\n    pass\n'
     )
