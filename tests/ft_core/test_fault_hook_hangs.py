@@ -27,10 +27,14 @@ from resiliency.ft.fault_hook import install_fault_hook
 assert install_fault_hook()
 faulthandler.register(signal.SIGUSR2, all_threads=True)
 counter = Path(sys.argv[1])
+scratch = counter.with_suffix(".tmp")
 n = 0
 while True:
     n += 1
-    counter.write_text(str(n))
+    # Replaced whole: the hang's signal may land between write_text's truncation and its write,
+    # which left the counter empty for good (seen once in CI).
+    scratch.write_text(str(n))
+    scratch.replace(counter)
     time.sleep(0.01)
 """
 
