@@ -64,9 +64,10 @@ def read_records(out: Path) -> list[dict]:
 class Torchrun:
     """One ``python -m torch.distributed.run`` in its own session, killed by pid at teardown."""
 
-    def __init__(self, tmp: Path, nproc: int = NPROC) -> None:
+    def __init__(self, tmp: Path, nproc: int = NPROC, job: Path = JOB) -> None:
         self.tmp = tmp
         self.nproc = nproc
+        self.job = job
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def run(
@@ -90,7 +91,7 @@ class Torchrun:
             "127.0.0.1",
             "--master-port",
             str(free_port_pair()),
-            str(JOB),
+            str(self.job),
             "--out",
             str(out),
             *job_args,

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
 from resiliency.goodput.cli import main as report_main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
-from inprocess_harness import REPO, free_port_pair
+from inprocess_harness import REPO, Torchrun
 
 JOB = REPO / "tests" / "inprocess" / "jobs" / "fsdp_rollback.py"
 NPROC = 2
@@ -44,54 +43,13 @@ def run_job(
     tmp: Path, *job_args: str, env: dict[str, str] | None = None, nproc: int = NPROC
 ) -> tuple[int, str, list[dict]]:
     """One torchrun of the job; its session is killed by pid if it outlives 300 s."""
-    out = tmp / "out"
-    out.mkdir()
-    log = tmp / "torchrun.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port_pair()),
-        "--max-restarts",
-        "0",
-        str(JOB),
-        "--out",
-        str(out),
-        *job_args,
-    ]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            raise AssertionError(f"torchrun did not end:\n{log.read_text()[-8000:]}") from None
-    records = records_of(out)
-    assert_no_writer_left(records)
-    return code, log.read_text(errors="replace"), records
-
-
-def records_of(out: Path) -> list[dict]:
-    return [
-        json.loads(line)
-        for path in sorted(out.glob("rank*.jsonl"))
-        for line in path.read_text().splitlines()
-        if line
-    ]
+    runner = Torchrun(tmp, nproc, job=JOB)
+    try:
+        run = runner.run(*job_args, timeout=300, env=env)
+    finally:
+        runner.kill()
+    assert_no_writer_left(run.records)
+    return run.returncode, run.output, run.records
 
 
 def assert_no_writer_left(records: list[dict]) -> None:
