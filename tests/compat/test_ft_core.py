@@ -215,7 +215,7 @@ def monitor(tmp_path, monkeypatch):
         workload_check_interval=1.0,
     )
     with open(tmp_path / "monitor.log", "wb") as log:
-        proc = MonitorProcess.start(cfg, directory / "rank-0.sock", 0, stderr=log)
+        proc = MonitorProcess.start(cfg, directory / "rank-0.sock", 0, stderr=log, start_timeout=60)
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", str(proc.socket_path))
     monkeypatch.setenv("RANK", "0")
     yield proc

@@ -110,8 +110,10 @@ def start_monitor(sock_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Moni
         cfg = FaultToleranceConfig(**{**FAST_CONFIG, **overrides})
         log_path = tmp_path / f"monitor-{local_rank}-{len(started)}.log"
         with open(log_path, "wb") as log:
+            # 10 s, the default, is a real node's; 4 xdist workers on 2 cores at load 14 took
+            # longer to start a monitor's interpreter.
             proc = MonitorProcess.start(
-                cfg, sock_dir / f"rank-{local_rank}.sock", local_rank, stderr=log
+                cfg, sock_dir / f"rank-{local_rank}.sock", local_rank, stderr=log, start_timeout=60
             )
         monitor = Monitor(proc, log_path)
         started.append(monitor)

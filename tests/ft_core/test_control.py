@@ -112,7 +112,9 @@ def test_start_reports_a_monitor_that_cannot_start(start_monitor, sock_dir, tmp_
     start_monitor()  # already listening on rank-0.sock
     log_path = tmp_path / "second.log"
     with open(log_path, "wb") as log, pytest.raises(MonitorUnavailableError) as err:
-        MonitorProcess.start(FaultToleranceConfig(), sock_dir / "rank-0.sock", 0, stderr=log)
+        MonitorProcess.start(
+            FaultToleranceConfig(), sock_dir / "rank-0.sock", 0, stderr=log, start_timeout=60
+        )
     assert "exited with code 2" in str(err.value)
     assert "another rank monitor already listens" in log_path.read_text()
 

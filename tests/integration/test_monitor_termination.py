@@ -116,7 +116,7 @@ def monitor(tmp_path: Path) -> Iterator[MonitorProcess]:
         termination_grace_period=60.0,  # the rank must show what it does after the SIGTERM
     )
     with open(tmp_path / "monitor.log", "wb") as log:
-        proc = MonitorProcess.start(cfg, sock_dir / "rank-0.sock", 0, stderr=log)
+        proc = MonitorProcess.start(cfg, sock_dir / "rank-0.sock", 0, stderr=log, start_timeout=60)
     yield proc
     proc.stop(timeout=5.0)
     if proc.is_alive():

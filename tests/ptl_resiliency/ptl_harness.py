@@ -85,7 +85,7 @@ class Monitors:
         cfg = FaultToleranceConfig(**cfg_kwargs)
         # One private directory per monitor: tests may run several jobs side by side.
         sock = self.sock_dir / f"m{len(self.started)}" / f"rank-{local_rank}.sock"
-        mon = MonitorProcess.start(cfg, str(sock), local_rank)
+        mon = MonitorProcess.start(cfg, str(sock), local_rank, start_timeout=60)
         self.started.append(mon)
         return mon
 
