@@ -58,3 +58,29 @@ def test_a_fault_before_the_first_step_is_not_detected_by_that_step() -> None:
     ]
     (row,) = outcomes([_kill_at(T0 + 9.0)], timeline, T0)
     assert (row.detected_s, row.recovered_s) == (20.0, 25.0)
+
+
+def test_an_in_process_restart_is_the_detection_and_its_heal_the_resumed_step() -> None:
+    # A rank SIGKILLed and respawned alone under ft-launcher --ft-inprocess-respawn: no cycle
+    # ends; the Wrapper's restart event is the detection, the heal names the step resumed at.
+    timeline = [(T0 + s, {"event": "step", "step": s, "attempt": 0}) for s in range(1, 9)]
+    timeline += [
+        (T0 + 8.6, {"event": "inprocess_restart", "cause": "peer_fault", "iteration": 1}),
+        (T0 + 8.7, {"event": "inprocess_heal", "step": 8, "lost_steps": 0, "iteration": 1}),
+        (T0 + 9.0, {"event": "step", "step": 9, "attempt": 0}),
+    ]
+    (row,) = outcomes([_kill_at(T0 + 8.5)], timeline, T0)
+    assert row.detected_s == pytest.approx(8.6)
+    assert (row.recovered_s, row.steps_lost) == (9.0, 0)
+
+
+def test_an_in_process_rollback_counts_the_steps_done_again() -> None:
+    timeline = [(T0 + s, {"event": "step", "step": s, "attempt": 0}) for s in range(1, 8)]
+    timeline += [
+        (T0 + 7.6, {"event": "inprocess_restart", "cause": "exception", "iteration": 1}),
+        (T0 + 7.7, {"event": "inprocess_rollback", "step": 6, "lost_steps": 1, "iteration": 1}),
+        (T0 + 8.0, {"event": "step", "step": 7, "attempt": 0}),
+    ]
+    (row,) = outcomes([_kill_at(T0 + 7.5)], timeline, T0)
+    assert row.detected_s == pytest.approx(7.6)
+    assert (row.recovered_s, row.steps_lost) == (8.0, 1)

@@ -12,11 +12,18 @@ from resiliency.simulator.runner import Injection
 
 __all__ = ["FaultOutcome", "format_table", "outcomes", "timeline_of"]
 
-_DETECTION_EVENTS = frozenset({"hang_detected", "cycle_ended", "job_ended", "preempted"})
+# An in-process restart (resiliency.inprocess.Wrapper) ends no cycle: its own event is both the
+# detection and the job's new start, in the same processes.
+_DETECTION_EVENTS = frozenset(
+    {"hang_detected", "cycle_ended", "job_ended", "preempted", "inprocess_restart"}
+)
 # A launcher that writes no events (torchrun) shows its restarts only through its workers: a
 # restarted worker starting to load, or steps under another restart count.
 _RESTART_EVENTS = frozenset({"checkpoint_load_started"})
-_START_EVENTS = frozenset({"cycle_started", "checkpoint_load_started"})
+_START_EVENTS = frozenset({"cycle_started", "checkpoint_load_started", "inprocess_restart"})
+# The step the job resumed from: a checkpoint load, or, in-process, the step the ranks agreed
+# on when healing from a peer or rolling back to the local tier.
+_RESUME_EVENTS = frozenset({"checkpoint_loaded", "inprocess_heal", "inprocess_rollback"})
 
 
 @dataclass(frozen=True)
@@ -27,14 +34,16 @@ class FaultOutcome:
         kind: the fault kind.
         victim: what was hit (``rank 3``, ``node 1``, a directory).
         injected_s: when it was injected; None when it could not be.
-        detected_s: the first hang, cycle end, preemption or job end after it, if any; for a
+        detected_s: the first hang, cycle end, preemption, job end or in-process restart
+            after it, if any; for a
             launcher that writes no events, the first sign of a restart (a worker loading a
             checkpoint, a step under another restart count).
         recovered_s: the first training step after the job started again (after detection),
             if any; the first step after detection when nothing restarted.
         steps_lost: the steps done before the fault that were done again after it: the step
             the job had reached (`step_at_fault`: step events are sampled, so the newest one
-            can be behind) minus the step it resumed from.
+            can be behind) minus the step it resumed from (a checkpoint load's, or an
+            in-process heal's or rollback's agreed step).
         note: why it was not injected, or what was done.
     """
 
@@ -115,7 +124,7 @@ def outcomes(
                 int(e["step"])
                 for t, e in timeline
                 if after < t <= (first_step[0] if first_step else float("inf"))
-                and e.get("event") == "checkpoint_loaded"
+                and e.get("event") in _RESUME_EVENTS
             ),
             None,
         )
