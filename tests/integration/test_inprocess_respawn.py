@@ -9,9 +9,10 @@ process joins as rank 2 and is healed from a peer; no step is lost and the job e
 unbroken run.
 
 The same for a rank the Wrapper cannot abort in-process (rank 2 sleeps in libc with the restart
-signal blocked): its monitor thread asks the launcher for a respawn and terminates it at
-``hard_timeout``; the launcher respawns it alone and it is healed like the SIGKILLed one. A
-SIGTERM from anyone else is a stop request: the group restarts the ordinary way.
+signal blocked, or catches the restart request and then sleeps in libc in its handler): its
+monitor thread asks the launcher for a respawn and terminates it at ``hard_timeout``; the
+launcher respawns it alone and it is healed like the SIGKILLed one. A SIGTERM from anyone else
+is a stop request: the group restarts the ordinary way.
 
 The two sides of the agreements (the rejoin file's variable, the unabortable file's directory and
 name) are checked in test_contracts.py.
@@ -151,6 +152,35 @@ def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
     assert "was terminated by its Wrapper: rank 2 could not be aborted" in run.output
     assert "respawned it alone as pid" in run.output, run.output[-8000:]
     # the others kept it a member: nobody declared it gone
+    assert "declared it gone" not in run.output and "not among the survivors" not in run.output
+    assert_respawned_alone_and_healed(run, unbroken)
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_in_its_except_after_the_restart_request_is_respawned_alone(
+    tmp_path: Path, unbroken: Run
+) -> None:
+    """Rank 2 gets ``RankShouldRestart`` and then sleeps in libc in its own ``except``: its
+    monitor terminates it at ``hard_timeout`` all the same, and it is respawned and healed."""
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--stuck-in-except",
+        f"2@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "12",
+        launcher_args=RESPAWN_PREIMPORTED,
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert [r["step"] for r in run.of(2, "caught_restart")] == [FAULT_STEP], run.output[-8000:]
+    assert (
+        "rank 2: could not be aborted in-process: it got the restart request but did not come "
+        "back to the wrapper; the main thread is still at"
+    ) in run.output, run.output[-8000:]
+    assert "in stuck_in_except" in run.output
+    assert "was terminated by its Wrapper: rank 2 could not be aborted" in run.output
     assert "declared it gone" not in run.output and "not among the survivors" not in run.output
     assert_respawned_alone_and_healed(run, unbroken)
 

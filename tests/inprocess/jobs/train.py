@@ -11,6 +11,10 @@ Faults (only in the iteration given, so the restart is clean):
   --hang R@N         rank R sleeps in libc (GIL released) at the start of step N
   --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted (first
                      launcher attempt only)
+  --stuck-in-except R@N  rank R sleeps in libc (GIL released) at the start of step N until the
+                     restart's RankShouldRestart, catches it and sleeps in libc again in its
+                     ``except`` (re-called after any signal): it never comes back to the
+                     wrapper (first launcher attempt only)
   --init-raise R@I   rank R's initialize raises at iteration I (a fault during the restart)
   --unhealthy R      rank R's health check fails after any fault: it leaves the job
   --kill R@N         rank R SIGKILLs itself at the start of step N (first launcher attempt
@@ -101,6 +105,7 @@ class Job:
         self.raises = parse_faults(args.raise_)
         self.hangs = parse_faults(args.hang)
         self.masked = parse_faults(args.hang_masked)
+        self.stuck = parse_faults(args.stuck_in_except)
         self.kills = parse_faults(args.kill)
         self.sigterms = parse_faults(args.sigterm)
         self.value_errors = {
@@ -131,6 +136,19 @@ class Job:
         if first_attempt and self.masked.get(INITIAL_RANK) == self.step:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 4})
             ctypes.CDLL(None).sleep(600)
+        if first_attempt and self.stuck.get(INITIAL_RANK) == self.step:
+            self.stuck_in_except()
+
+    def stuck_in_except(self) -> None:
+        """Hang until the restart request, catch it, and block in the handler for good."""
+        libc = ctypes.CDLL(None)  # CDLL: the GIL is released, the monitor thread runs
+        try:
+            while True:  # a signal that raises nothing (the monitor's stack dump) ends a sleep
+                libc.sleep(600)
+        except inprocess.exception.RankShouldRestart:
+            self.record(event="caught_restart", step=self.step)
+            while True:  # the user's clean-up blocks: never back to the wrapper
+                libc.sleep(600)
 
     def per_rank(self, result: inprocess.HealResult) -> None:
         # the per-rank values (the data) derive from the step in this job: nothing to restore
@@ -238,6 +256,7 @@ def main() -> int:
     parser.add_argument("--raise", dest="raise_", action="append", default=[])
     parser.add_argument("--hang", action="append", default=[])
     parser.add_argument("--hang-masked", action="append", default=[])
+    parser.add_argument("--stuck-in-except", action="append", default=[])
     parser.add_argument("--init-raise", action="append", default=[])
     parser.add_argument("--unhealthy", type=int, action="append", default=[])
     parser.add_argument("--value-error", action="append", default=[])

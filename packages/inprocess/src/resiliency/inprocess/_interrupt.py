@@ -38,6 +38,7 @@ class Interrupter:
                 "restart signal can only be handled there)"
             )
         self._armed = False
+        self._delivered = False  # the request was raised in the main thread (this call)
         self._reason = ""
         self._depth = 0  # nested deferred() blocks the main thread is in (or waits to enter)
         self._pending = False  # a request arrived inside them
@@ -47,11 +48,12 @@ class Interrupter:
     def _handle(self, _signum: int, _frame: FrameType | None) -> None:
         if self._armed:
             if self._depth:
-                # raised when the outermost deferred() block ends; still armed, so a block
-                # that never ends is terminated at hard_timeout like any stuck main thread
+                # raised when the outermost deferred() block ends; a block that never ends
+                # is terminated at hard_timeout like any main thread that does not come back
                 self._pending = True
                 return
             self._armed = False
+            self._delivered = True
             raise RankShouldRestart(self._reason)
 
     @contextlib.contextmanager
@@ -59,8 +61,9 @@ class Interrupter:
         """A block a request never interrupts: it is raised when the block ends (main thread).
 
         A block that ends with its own exception propagates that one (the function is leaving
-        anyway); the held request is dropped and the interrupter stays armed, so a main thread
-        that then stays stuck is still terminated at ``hard_timeout``.
+        anyway); the held request is dropped and the interrupter stays armed. A main thread that
+        then stays stuck is terminated at ``hard_timeout`` all the same: the monitor escalates
+        until the main thread is back in the wrapper, whatever the interrupter's state.
         """
         self._depth += 1
         try:
@@ -72,12 +75,14 @@ class Interrupter:
                 self._pending = False
         if deliver and self._armed:
             self._armed = False
+            self._delivered = True
             raise RankShouldRestart(self._reason)
 
     def arm(self) -> None:
         """The wrapped function starts: a request will raise in it."""
         self._reason = ""
         self._pending = False
+        self._delivered = False
         self._armed = True
 
     def disarm(self) -> None:
@@ -86,8 +91,13 @@ class Interrupter:
 
     @property
     def armed(self) -> bool:
-        """Whether the wrapped function is still running."""
+        """Whether a request would still raise in the wrapped function."""
         return self._armed
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the request was raised in the main thread since the function started."""
+        return self._delivered
 
     def request(self, reason: str) -> None:
         """Ask the main thread to raise ``RankShouldRestart(reason)`` (monitor thread)."""

@@ -3,8 +3,11 @@
 Faults it notices: a peer's report in the store, this rank's own main thread stalled past
 ``soft_timeout``, a peer's heartbeat silent past ``heartbeat_timeout``. On the first one it
 runs the ``abort`` callback (which ends pending collectives) and interrupts the main thread.
-If the main thread has still not left the function ``hard_timeout - soft_timeout`` later, the
-rank cannot be aborted in-process: its stacks are dumped and it is terminated. Under
+If the main thread has still not come back to the wrapper ``hard_timeout - soft_timeout``
+later, the rank cannot be aborted in-process: its stacks are dumped and it is terminated. That
+holds whether or not the interruption was delivered: a main thread that got
+``RankShouldRestart`` and then blocks in the user's ``except`` or ``finally`` (or swallowed it
+and hangs) is terminated like one the signal never reached. Under
 ``ft-launcher --ft-inprocess-respawn`` it first asks the launcher to respawn it alone (the
 others wait for it); otherwise it is reported gone and the others go on without it.
 """
@@ -82,10 +85,17 @@ class Monitor(threading.Thread):
         self.cause: str | None = None
         self.aborted = threading.Event()
         self._halt = threading.Event()
+        self._returned = threading.Event()  # the main thread is back in the wrapper
         self._triggered_at: float | None = None
 
+    def main_thread_returned(self) -> None:
+        """The main thread left the wrapped function (returned or raised) and is back in
+        the wrapper, whose own waits have deadlines: never terminate it from now on."""
+        self._returned.set()
+
     def stop(self) -> None:
-        """Stop watching (the main thread left the function)."""
+        """Stop watching (the main thread left the iteration)."""
+        self._returned.set()
         self._halt.set()
         self.join(self.timeouts["hard"])
 
@@ -171,14 +181,23 @@ class Monitor(threading.Thread):
                 self.atomic_lock.release()
 
     def _escalate(self) -> None:
-        """The main thread did not leave the function in time: terminate this rank."""
+        """The main thread did not come back to the wrapper in time: terminate this rank.
+
+        Whether the restart request reached it does not matter (the interrupter disarms once
+        it did): only the main thread's return to the wrapper ends the watch.
+        """
         assert self._triggered_at is not None
         waited = time.monotonic() - self._triggered_at
-        if not self.interrupter.armed or waited < self.timeouts["hard"] - self.timeouts["soft"]:
+        if self._returned.is_set() or waited < self.timeouts["hard"] - self.timeouts["soft"]:
             return
         where = main_thread_location()
+        got = (
+            "it got the restart request but did not come back to the wrapper; "
+            if self.interrupter.delivered
+            else ""
+        )
         reason = (
-            f"could not be aborted in-process: the main thread is still at {where} "
+            f"could not be aborted in-process: {got}the main thread is still at {where} "
             f"{waited:.1f} s after the abort (hard_timeout {self.timeouts['hard']:g} s)"
         )
         log.error("rank %d: %s; dumping stacks and terminating", self.state.rank, reason)

@@ -350,6 +350,8 @@ class CallWrapper:
                     ret = fn(*args, **kwargs)
                 finally:
                     self.interrupter.disarm()
+                    # back in the wrapper, returned or raised: not terminated from now on
+                    monitor.main_thread_returned()
                 store.complete(state.iteration)
             _barriers.completion_barrier(
                 store,
