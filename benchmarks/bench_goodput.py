@@ -1,11 +1,12 @@
-"""The goodput benchmark: one seeded fault schedule against two setups of the same Lightning job.
+"""The goodput benchmark: one seeded fault schedule against three setups of the same job.
 
     nox -s bench_goodput
     python benchmarks/bench_goodput.py --results benchmarks/results [--duration 600] [--seed 9]
 
 A real CPU DDP job (2 nodes x 2 ranks on loopback, a small model with a fixed step time) runs
-under ``resiliency-simulate``'s runner twice, for the same wall-clock length, with the same fault
-plan, the same gloo timeout, the same step time and the same persistent checkpoint cadence:
+under ``resiliency-simulate``'s runner once per setup, for the same wall-clock length, with the
+same fault plan, the same gloo timeout, the same step time and the same persistent checkpoint
+cadence:
 
 1. ``torchrun --max-restarts`` + Lightning with its standard ``ModelCheckpoint``;
 2. ``ft-launcher`` + resiliency's callbacks: heartbeats with calculated timeouts (hang
@@ -15,7 +16,13 @@ plan, the same gloo timeout, the same step time and the same persistent checkpoi
    and workers forked from a fork server that imported torch and Lightning once per node
    (``--ft-preimport``).
 
-Both write the same goodput ledger (setup 1 through a passive callback that only records), and
+3. ``inprocess``: setup 2's launcher with ``--ft-inprocess-respawn``, and the same model, data,
+   step time and checkpoint cadences as a plain torch loop (``_goodput_inprocess_job.py``)
+   inside ``resiliency.inprocess.Wrapper``: a SIGKILLed rank is respawned alone and healed
+   from a live peer (``Healer``), the other processes keep running; a stopped rank, a
+   preemption and a lost node take the launcher's full restart and a checkpoint load.
+
+All write the same goodput ledger (setup 1 through a passive callback that only records), and
 ``resiliency.goodput.compute`` reads both. The simulator plays the scheduler: a node whose
 launcher exits with a non-zero code (failed, preempted, lost) is started again after
 ``--restart-after`` seconds. Prints one side-by-side table; writes ``DIR/bench_goodput.json``
@@ -58,11 +65,17 @@ from resiliency.simulator import (
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_goodput_job.py"
+INPROCESS_JOB = HERE / "_goodput_inprocess_job.py"
 SETUPS = {
     "torchrun": "torchrun --max-restarts + Lightning ModelCheckpoint (torch.save)",
     "toolkit": "ft-launcher --ft-preimport + resiliency callbacks (calculated heartbeat "
     "timeouts, async + emergency checkpoints)",
+    "inprocess": "ft-launcher --ft-inprocess-respawn + inprocess.Wrapper/Healer (plain loop; "
+    "a dead rank respawned alone and healed, full restarts load the same checkpoint tiers)",
 }
+# What the in-process job imports before it reaches the Wrapper: a rank respawned alone is
+# forked from the server and runs the script from its first line (docs/inprocess.md).
+INPROCESS_PREIMPORT = "torch,torch._dynamo,resiliency.inprocess,resiliency.checkpoint,resiliency.ft"
 FT_FLAGS = [
     "--monitor-interval",
     "0.5",
@@ -129,6 +142,14 @@ def _command(
     ]
     if setup == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", *rdzv, *job]
+    flags = FT_FLAGS
+    if setup == "inprocess":
+        if not args.local_every:
+            raise SystemExit("--setups inprocess needs --local-every > 0 (its local tier)")
+        job[0] = str(INPROCESS_JOB)
+        # Its Wrapper and process groups coordinate through the launchers' rendezvous store.
+        job += ["--store", f"127.0.0.1:{port}", "--soft-timeout", str(args.soft_timeout)]
+        flags = [*FT_FLAGS[:-1], INPROCESS_PREIMPORT, "--ft-inprocess-respawn"]
     if args.local_every:
         job += ["--local-dir", str(ckpt.parent / "local" / "node{node}")]
         job += ["--local-every", str(args.local_every)]
@@ -137,7 +158,7 @@ def _command(
         "-m",
         "resiliency.launcher",
         *rdzv,
-        *FT_FLAGS,
+        *flags,
         "--ft-rank-heartbeat-timeout",
         str(args.heartbeat_timeout),
         "--ft-calculated-timeout-floor",
@@ -331,7 +352,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gloo-timeout", type=float, default=60.0)
     p.add_argument("--restart-after", type=float, default=5.0)
-    p.add_argument("--setups", default="torchrun,toolkit")
+    p.add_argument("--setups", default="torchrun,toolkit,inprocess")
     p.add_argument("--nproc-per-node", type=int, default=2)
     p.add_argument(
         "--heartbeat-timeout",
@@ -357,6 +378,12 @@ def parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds of a fault-free torchrun run whose median step is the ideal step of both "
         "setups (0: use the fixed --step-time)",
+    )
+    p.add_argument(
+        "--soft-timeout",
+        type=float,
+        default=30.0,
+        help="inprocess: the Wrapper's soft timeout (its hard timeout is 15 s more)",
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     return p
