@@ -75,7 +75,7 @@ SETUPS = {
 }
 # What the in-process job imports before it reaches the Wrapper: a rank respawned alone is
 # forked from the server and runs the script from its first line (docs/inprocess.md).
-INPROCESS_PREIMPORT = "torch,torch._dynamo,resiliency.inprocess,resiliency.checkpoint,resiliency.ft"
+INPROCESS_PREIMPORT = "torch,torch._dynamo,resiliency.inprocess,resiliency.ft"
 FT_FLAGS = [
     "--monitor-interval",
     "0.5",
