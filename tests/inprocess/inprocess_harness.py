@@ -1,4 +1,5 @@
-"""Run tests/inprocess/jobs/train.py under plain torchrun and read what each rank recorded."""
+"""Run tests/inprocess/jobs/train.py (or another job) under plain torchrun or ft-launcher and
+read what each rank recorded."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ JOB = Path(__file__).parent / "jobs" / "train.py"
 REPO = Path(__file__).resolve().parents[2]
 NPROC = 4
 FAULT_STEP = 5  # the jobs' faults are injected at the start of this step
+# ft-launcher's flags for these jobs: fast polling, no rank monitor timeouts of its own (the
+# Wrapper's are tested), a short stop, no GPU check on this CPU machine
+FT_LAUNCHER_FLAGS = (
+    "--monitor-interval",
+    "0.1",
+    "--ft-initial-rank-heartbeat-timeout",
+    "240",
+    "--ft-rank-heartbeat-timeout",
+    "null",
+    "--workers-stop-timeout",
+    "2",
+    "--no-gpu-health-check",
+)
 
 
 def free_port_pair() -> int:
@@ -64,10 +78,15 @@ def read_records(out: Path) -> list[dict]:
 class Torchrun:
     """One ``python -m torch.distributed.run`` in its own session, killed by pid at teardown."""
 
-    def __init__(self, tmp: Path, nproc: int = NPROC, job: Path = JOB) -> None:
+    module = "torch.distributed.run"
+
+    def __init__(
+        self, tmp: Path, nproc: int = NPROC, job: Path = JOB, flags: tuple[str, ...] = ()
+    ) -> None:
         self.tmp = tmp
         self.nproc = nproc
         self.job = job
+        self.flags = flags  # the launcher's own, before the job
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def run(
@@ -84,13 +103,14 @@ class Torchrun:
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            self.module,
             "--nproc-per-node",
             str(self.nproc),
             "--master-addr",
             "127.0.0.1",
             "--master-port",
             str(free_port_pair()),
+            *self.flags,
             str(self.job),
             "--out",
             str(out),
@@ -112,7 +132,7 @@ class Torchrun:
                 self.kill()
                 text = log.read_text(errors="replace")
                 raise AssertionError(
-                    f"torchrun did not end in {timeout} s:\n{text[-8000:]}"
+                    f"{self.module} did not end in {timeout} s:\n{text[-8000:]}"
                 ) from None
         return Run(code, log.read_text(errors="replace"), read_records(out))
 
@@ -122,6 +142,13 @@ class Torchrun:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(30)
+
+
+class FtLauncher(Torchrun):
+    """One ``python -m resiliency.launcher`` (ft-launcher), started and killed the same way;
+    ``flags`` are its own (``FT_LAUNCHER_FLAGS`` and the mode's)."""
+
+    module = "resiliency.launcher"
 
 
 def assert_resumed_like_unbroken(

@@ -9,8 +9,10 @@ records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resili
 report`` counts the restart. When rank 0 lost its step 6 (a save that never landed), both take
 step 3: the ranks never mix steps. When rank 1 hangs in libc with the GIL released (right
 after the save of step 6 was started), the monitors abort the group and both ranks resume at
-one agreed local step; the same on the issue's 4 ranks. Every iteration's manager is closed
-and leaves no writer process.
+one agreed local step; the same on the issue's 4 ranks. When rank 1 is SIGKILLed under
+``ft-launcher --ft-inprocess-respawn``, it is respawned alone, the new process joins, and
+every rank (the survivor in its own process) rolls back to one agreed local step. Every
+iteration's manager is closed and leaves no writer process.
 """
 
 from __future__ import annotations
@@ -33,17 +35,38 @@ from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
 from resiliency.goodput.cli import main as report_main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
-from inprocess_harness import REPO, Torchrun
+from inprocess_harness import FT_LAUNCHER_FLAGS, REPO, FtLauncher, Torchrun
 
 JOB = REPO / "tests" / "inprocess" / "jobs" / "fsdp_rollback.py"
 NPROC = 2
 
 
+# ft-launcher's mode for a dead rank: respawned alone, forked from a server that pre-imported
+# what the job imports (the respawn must reach the Wrapper's store within heartbeat_timeout)
+RESPAWN_ALONE = (
+    *FT_LAUNCHER_FLAGS,
+    "--ft-inprocess-respawn",
+    "--ft-preimport",
+    "torch,torch._dynamo,torch.distributed.fsdp,resiliency.inprocess,resiliency.checkpoint",
+    "--max-restarts",
+    "3",
+)
+
+
 def run_job(
-    tmp: Path, *job_args: str, env: dict[str, str] | None = None, nproc: int = NPROC
+    tmp: Path,
+    *job_args: str,
+    env: dict[str, str] | None = None,
+    nproc: int = NPROC,
+    ft_launcher: tuple[str, ...] | None = None,
 ) -> tuple[int, str, list[dict]]:
-    """One torchrun of the job; its session is killed by pid if it outlives 300 s."""
-    runner = Torchrun(tmp, nproc, job=JOB)
+    """One torchrun of the job (or ft-launcher with these flags); its session is killed by pid
+    if it outlives 300 s."""
+    runner = (
+        Torchrun(tmp, nproc, job=JOB)
+        if ft_launcher is None
+        else FtLauncher(tmp, nproc, job=JOB, flags=ft_launcher)
+    )
     try:
         run = runner.run(*job_args, timeout=300, env=env)
     finally:
@@ -245,3 +268,81 @@ def test_on_4_ranks_a_gil_released_hang_rolls_every_rank_back_to_one_step(tmp_pa
     assert rollback["iteration"] == restart["iteration"] == 1
     assert rollback["trained_steps"] == [7] * nproc
     assert (rollback["step"], rollback["lost_steps"]) == (step, 7 - step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("save_of_6", "agreed"),
+    [("in flight", (3, 6)), ("landed", (6,))],
+    ids=["save-in-flight", "save-landed"],
+)
+def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivor(
+    tmp_path: Path, save_of_6: str, agreed: tuple[int, ...]
+) -> None:
+    """Rank 1 SIGKILLs itself once step 7 is trained (the job's own progress times it), the
+    save of step 6 just started (its collective then fails on rank 0, or it may land first) or
+    waited for until it landed. ft-launcher respawns it alone; rank 0 keeps its process, the
+    new rank 1 joins at iteration 1, and both reload the newest local step both hold (6 when
+    that save landed on both, else 3), each exactly the shard it saved there, and train on."""
+    ledger_dir = tmp_path / "ledger"
+    kill = ("--kill", "1@7", *(("--kill-saved",) if save_of_6 == "landed" else ()))
+    code, output, records = run_job(
+        tmp_path, *kill, env={DIR_ENV: str(ledger_dir)}, ft_launcher=RESPAWN_ALONE
+    )
+    assert code == 0, output[-8000:]
+    assert "respawned it alone as pid" in output and "(SIGKILL)" in output, output[-8000:]
+    assert "restarting the worker group" not in output, output[-8000:]
+    [killed] = [r for r in records if r["event"] == "killed"]
+    assert (killed["rank"], killed["iteration"], killed["step"]) == (1, 0, 7)
+    assert killed["children"], "the killed rank had no writer process (nothing checked)"
+    assert_gone(killed["children"])  # its writer died with it
+    starts = {(r["rank"], r["iteration"]): r for r in records if r["event"] == "start"}
+    assert sorted(starts) == [(rank, it) for rank in range(NPROC) for it in (0, 1)], output[-6000:]
+    assert starts[0, 1]["pid"] == starts[0, 0]["pid"], "the survivor is a new process"
+    assert starts[1, 0]["pid"] == killed["pid"] != starts[1, 1]["pid"], "rank 1 not respawned"
+    steps = {starts[rank, 1]["step"] for rank in range(NPROC)}
+    assert len(steps) == 1, f"the ranks resumed at different steps: {starts}"
+    [step] = steps
+    assert step in agreed, step
+
+    def params(rank: int, iteration: int, at: int) -> list[float]:
+        key = ("params", rank, iteration, at)
+        [found] = [
+            r["params"]
+            for r in records
+            if (r["event"], r["rank"], r["iteration"], r.get("step")) == key
+        ]
+        return found
+
+    for rank in range(NPROC):
+        # the shard the rank saved at that step (its old process's, for rank 1)
+        assert starts[rank, 1]["params"] == params(rank, 0, step), f"rank {rank}'s reloaded shard"
+        # same data, same reduction order: step 7 trained again gives the same shard
+        assert params(rank, 1, 7) == params(rank, 0, 7), f"rank {rank}'s step 7 trained again"
+        assert params(rank, 1, 12)  # trained to the end
+    # the survivor closed both managers, the new process its own; the dead one could not
+    closed = sorted((r["rank"], r["iteration"]) for r in records if r["event"] == "closed")
+    assert closed == [(0, 0), (0, 1), (1, 1)], output[-6000:]
+    [rollback] = ledger_events(ledger_dir, "inprocess_rollback")
+    assert validate_event(rollback) is None
+    assert rollback["iteration"] == 1
+    # rank 0 trained 7 steps; the new rank 1 trained none before the restart (-1 in the ledger)
+    assert rollback["trained_steps"] == [7, -1]
+    assert (rollback["step"], rollback["lost_steps"]) == (step, 7 - step)
+    restarts = ledger_events(ledger_dir, "inprocess_restart")
+    assert [r["iteration"] for r in restarts] == [1], restarts
+    assert f"rank 0: rollback: every rank resumes at step {step} ({7 - step} steps lost" in output
+
+
+def assert_gone(pids: list[int]) -> None:
+    """Every pid has exited; one still alive is killed (by pid) and fails the test."""
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"processes left behind: {alive}"

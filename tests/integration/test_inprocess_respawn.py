@@ -20,9 +20,6 @@ name) are checked in test_contracts.py.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +32,11 @@ pytest.importorskip("resiliency.inprocess")
 sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
 from inprocess_harness import (
     FAULT_STEP,
-    JOB,
+    FT_LAUNCHER_FLAGS,
     NPROC,
-    REPO,
+    FtLauncher,
     Run,
     Torchrun,
-    free_port_pair,
-    read_records,
     unbroken_params_at,
 )
 
@@ -54,17 +49,6 @@ RESPAWN_PREIMPORTED = (
     "--max-restarts",
     "3",
 )
-LAUNCHER_FLAGS = [
-    "--monitor-interval",
-    "0.1",
-    "--ft-initial-rank-heartbeat-timeout",
-    "240",
-    "--ft-rank-heartbeat-timeout",
-    "null",
-    "--workers-stop-timeout",
-    "2",
-    "--no-gpu-health-check",
-]
 
 
 @pytest.fixture(scope="module")
@@ -81,38 +65,11 @@ def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 def launch(tmp: Path, *job_args: str, launcher_args: tuple[str, ...] = ()) -> Run:
     """One ft-launcher job of 4 ranks; killed by pid (its session) if it outlives 300 s."""
-    out = tmp / "out"
-    out.mkdir()
-    log = tmp / "launcher.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "resiliency.launcher",
-        "--nproc-per-node",
-        str(NPROC),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port_pair()),
-        *LAUNCHER_FLAGS,
-        *launcher_args,
-        str(JOB),
-        "--out",
-        str(out),
-        *job_args,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-        )
-        try:
-            code = proc.wait(300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            raise AssertionError(f"ft-launcher did not end:\n{log.read_text()[-8000:]}") from None
-    return Run(code, log.read_text(errors="replace"), read_records(out))
+    runner = FtLauncher(tmp, flags=(*FT_LAUNCHER_FLAGS, *launcher_args))
+    try:
+        return runner.run(*job_args, timeout=300, name="out")
+    finally:
+        runner.kill()
 
 
 @pytest.mark.slow

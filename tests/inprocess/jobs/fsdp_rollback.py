@@ -1,11 +1,12 @@
 """FSDP2 (``fully_shard``) on gloo under ``inprocess.Wrapper``: on a fault, every rank rolls back
 in the same process to the newest step that every rank holds in its local checkpoint tier.
 
-Run by torchrun (2 ranks). No peer holds a copy of a sharded rank's state, so nothing is healed
-from memory: the training function builds the model, the optimizer and a ``CheckpointManager``
-with a ``LocalTier`` at every iteration, on the new process group, and ``load`` restores the
-newest step that verifies on every rank (one step, agreed by all ranks). The manager is closed
-in a ``finally`` inside the function, so a restart never leaves its writer behind.
+Run by torchrun or ft-launcher (2 or 4 ranks). No peer holds a copy of a sharded rank's state,
+so nothing is healed from memory: the training function builds the model, the optimizer and a
+``CheckpointManager`` with a ``LocalTier`` at every iteration, on the new process group, and
+``load`` restores the newest step that verifies on every rank (one step, agreed by all ranks).
+The manager is closed in a ``finally`` inside the function, so a restart never leaves its writer
+behind.
 
 The job reports the step it reloaded to ``inprocess.Rollback`` (every rank's newest trained
 step, the steps lost; rank 0 records it in the goodput ledger when ``RESILIENCY_GOODPUT_DIR``
@@ -18,6 +19,11 @@ writer).
   --raise R@N   rank R raises at the start of step N in iteration 0
   --hang R@N    rank R sleeps in libc (GIL released) at the start of step N in iteration 0,
                 again after every signal that does not raise (a stack dump), until the restart
+  --kill R@N    rank R SIGKILLs itself at the start of step N in iteration 0 (N steps trained,
+                the save of the newest multiple of --every just started), after a ``killed``
+                record; under ft-launcher --ft-inprocess-respawn it is respawned alone and the
+                new process joins at iteration 1 (a new process: it has trained no step)
+  --kill-saved  with --kill: wait until the saves in flight landed (``mgr.wait()``) first
   --stale R     at iteration 1, rank R loses its newest local step (its save never landed)
   --soft S, --hard S   the Wrapper's soft and hard timeouts (seconds)
 """
@@ -30,6 +36,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -82,6 +89,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=3)
     parser.add_argument("--raise", dest="raise_", default="")
     parser.add_argument("--hang", default="")
+    parser.add_argument("--kill", default="")
+    parser.add_argument("--kill-saved", action="store_true")
     parser.add_argument("--stale", type=int, default=-1)
     parser.add_argument("--soft", type=float, default=60.0)
     parser.add_argument("--hard", type=float, default=90.0)
@@ -89,6 +98,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     fault_rank, _, fault_step = args.raise_.partition("@")
     hang_rank, _, hang_step = args.hang.partition("@")
+    kill_rank, _, kill_step = args.kill.partition("@")
     log_path = args.out / f"rank{RANK}.jsonl"
     local = args.out / "local"
 
@@ -149,6 +159,11 @@ def main() -> int:
                     raise RuntimeError(f"injected fault on rank {RANK} at step {step}")
                 if it == 0 and str(RANK) == hang_rank and step == int(hang_step):
                     hang()
+                if it == 0 and str(RANK) == kill_rank and step == int(kill_step):
+                    if args.kill_saved:
+                        mgr.wait()
+                    record(event="killed", iteration=it, step=step, children=children())
+                    os.kill(os.getpid(), signal.SIGKILL)
                 g = torch.Generator().manual_seed(1000 * step + RANK)
                 opt.zero_grad(set_to_none=True)
                 model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
