@@ -41,6 +41,18 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesi
 TEST_WORKERS = 4
 # Object-store checkpoint tests: s3fs against moto's S3 server on loopback.
 S3_TEST_DEPS = ["s3fs>=2023.1", "moto[server]>=5"]
+# What `_warm` imports for sessions whose tests start launchers (ft-launcher's agent is torch's
+# elastic agent, imported through torch.distributed.run) or everything.
+LAUNCHER_MODULES = ("resiliency.launcher", "torch.distributed.run")
+EVERYTHING_MODULES = (
+    "resiliency.ptl",
+    "resiliency.inprocess",
+    "resiliency.supervisor",
+    "resiliency.simulator",
+    "matplotlib.pyplot",
+    *LAUNCHER_MODULES,
+)
+
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = False
@@ -86,8 +98,14 @@ def _configure_environment() -> None:
     if find_links:
         os.environ.setdefault("UV_FIND_LINKS", find_links)
     os.environ.setdefault("UV_CONSTRAINT", str(CONSTRAINTS))
-    # PYTHONDONTWRITEBYTECODE is set on these machines; precompiled bytecode halves import time.
-    os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+    # Bytecode is written on first import, not compiled at install: compiling every module of
+    # torch and Lightning cost ~36 s of CPU per environment (20 environments in CI), most of it
+    # for modules nothing imports, and nothing at all in sessions that only install or type-check.
+    # These machines set PYTHONDONTWRITEBYTECODE=1, which would make every process compile its
+    # imports again (`import torch, lightning`: 19 s of CPU instead of 6): "0" lets the sessions'
+    # processes write it. See `_warm`.
+    os.environ.setdefault("UV_COMPILE_BYTECODE", "0")
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "0"
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     # uv installs workspace siblings as editable by default; sessions take built wheels, so a
     # file missing from a sibling's wheel fails here, as it would for a user.
@@ -129,8 +147,17 @@ def _pytest(
         *("--numprocesses", str(workers), "--dist", "loadgroup"),
         *args,
         *session.posargs,
-        env={"PYTHONDONTWRITEBYTECODE": "0", **(env or {})},
+        env=env,
     )
+
+
+def _warm(session: nox.Session, *modules: str) -> None:
+    """Import the session's heavy modules once, so their bytecode is written before the tests.
+
+    Without it the first processes of a run (pytest-xdist's workers, a job's ranks) all start at
+    once and each compiles the same modules (torch: ~3 s of CPU each, Lightning: ~13 s).
+    """
+    session.run("python", "-c", f"import {', '.join(modules)}")
 
 
 def _pkg(spec: str) -> str:
@@ -146,6 +173,7 @@ def _pkg(spec: str) -> str:
 def ft_core(session: nox.Session) -> None:
     """resiliency-ft-core alone (pydantic + pyyaml, no torch)."""
     _install(session, "pkg:ft-core", *TEST_DEPS)
+    _warm(session, "resiliency.ft")
     _pytest(session, "tests/ft_core", "tests/compat/test_ft_core.py")
 
 
@@ -161,6 +189,7 @@ def straggler(session: nox.Session) -> None:
 def goodput(session: nox.Session) -> None:
     """resiliency-goodput alone: stdlib only (the plot extra is tested in ``integration``)."""
     _install(session, "pkg:goodput", *TEST_DEPS)
+    _warm(session, "resiliency.goodput")
     _pytest(session, "tests/goodput", workers=2)
 
 
@@ -168,6 +197,7 @@ def goodput(session: nox.Session) -> None:
 def checkpoint(session: nox.Session) -> None:
     """resiliency-checkpoint with its dependencies (goodput, torch)."""
     _install(session, "pkg:checkpoint[remote]", *S3_TEST_DEPS, *TEST_DEPS)
+    _warm(session, "resiliency.checkpoint", "s3fs", "moto.server")
     # The trials under two ft-launchers need the launcher: they run in `integration`.
     _pytest(session, "tests/checkpoint", *(f"--ignore={t}" for t in CHECKPOINT_LAUNCHER_TESTS))
 
@@ -176,6 +206,7 @@ def checkpoint(session: nox.Session) -> None:
 def simulator(session: nox.Session) -> None:
     """resiliency-simulator, with the launcher and checkpoint package its fault matrix drives."""
     _install(session, "pkg:simulator", "pkg:ft-launcher", "pkg:checkpoint", *TEST_DEPS)
+    _warm(session, "resiliency.simulator", "resiliency.checkpoint", *LAUNCHER_MODULES)
     _pytest(session, "tests/simulator")
 
 
@@ -183,6 +214,7 @@ def simulator(session: nox.Session) -> None:
 def supervisor(session: nox.Session) -> None:
     """resiliency-supervisor with the launcher it drives; etcd tests need the `etcd` binary."""
     _install(session, "pkg:supervisor[etcd]", "pkg:ft-launcher", *TEST_DEPS)
+    _warm(session, "resiliency.supervisor", *LAUNCHER_MODULES)
     _pytest(session, "tests/supervisor")
 
 
@@ -190,6 +222,7 @@ def supervisor(session: nox.Session) -> None:
 def inprocess(session: nox.Session) -> None:
     """resiliency-inprocess alone (torch): in-process restarts of 4 gloo ranks under torchrun."""
     _install(session, "pkg:inprocess", *TEST_DEPS)
+    _warm(session, "resiliency.inprocess", "torch.distributed.fsdp", "torch.distributed.run")
     _pytest(session, "tests/inprocess")
 
 
@@ -204,6 +237,7 @@ def straggler_cupti(session: nox.Session) -> None:
         "scikit-build-core>=0.10",
         *TEST_DEPS,
     )
+    _warm(session, "torch")
     _pytest(session, "tests/straggler_cupti", workers=0)  # ~30 s, mostly one wheel build
 
 
@@ -211,6 +245,7 @@ def straggler_cupti(session: nox.Session) -> None:
 def ft_launcher(session: nox.Session) -> None:
     """resiliency-ft-launcher with its dependencies (ft-core, goodput, torch)."""
     _install(session, "pkg:ft-launcher", *TEST_DEPS)
+    _warm(session, *LAUNCHER_MODULES)
     _pytest(session, "tests/ft_launcher", "tests/compat/test_ft_launcher.py")
 
 
@@ -222,6 +257,7 @@ PTL_PACKAGES = ("pkg:ptl-resiliency", "pkg:ft-launcher")
 def ptl(session: nox.Session) -> None:
     """resiliency-ptl with its dependencies (ft-core, straggler, checkpoint, goodput, lightning)."""
     _install(session, *PTL_PACKAGES, *S3_TEST_DEPS, *TEST_DEPS)
+    _warm(session, "resiliency.ptl", "s3fs", "moto.server", *LAUNCHER_MODULES)
     _pytest(session, "tests/ptl_resiliency", "tests/compat/test_ptl.py")
 
 
@@ -251,6 +287,7 @@ def ptl_standalone(session: nox.Session) -> None:
     ``lightning.pytorch`` (tests/ptl_resiliency/lightning_flavour.py). About two minutes.
     """
     _install(session, *PTL_PACKAGES, "pytorch-lightning", *TEST_DEPS)
+    _warm(session, "resiliency.ptl", "pytorch_lightning", *LAUNCHER_MODULES)
     _pytest(
         session,
         *PTL_STANDALONE_TESTS,
@@ -300,6 +337,7 @@ OPTIONAL_DEPENDENCY_TESTS = (
 def integration(session: nox.Session) -> None:
     """Everything installed: cross-package, multi-process and torch-dependent tests."""
     _install_everything(session)
+    _warm(session, *EVERYTHING_MODULES)
     _pytest(session, "tests/integration", "tests/docs", *OPTIONAL_DEPENDENCY_TESTS)
 
 
@@ -348,6 +386,7 @@ def build(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The whole toolkit against torchrun: the same hang, crash and preemption; goodput of both."""
     _install(session, "pkg:ptl-resiliency", "pkg:ft-launcher", "pkg:simulator", "pkg:goodput[plot]")
+    _warm(session, "resiliency.ptl", "resiliency.simulator", "matplotlib.pyplot", *LAUNCHER_MODULES)
     session.run("python", "examples/demo.py", *session.posargs)
 
 
@@ -355,6 +394,7 @@ def demo(session: nox.Session) -> None:
 def demo_hang(session: nox.Session) -> None:
     """ft-launcher runs DDP training; a rank hangs; the group restarts and finishes."""
     _install(session, "pkg:ft-launcher")
+    _warm(session, *LAUNCHER_MODULES)
     session.run("python", "examples/demo_launcher.py", *session.posargs)
 
 
@@ -369,6 +409,7 @@ def demo_monitor(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Speed and overhead measurements; prints one table and writes benchmarks/results/."""
     _install_everything(session)
+    _warm(session, *EVERYTHING_MODULES)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
@@ -376,4 +417,5 @@ def bench(session: nox.Session) -> None:
 def bench_goodput(session: nox.Session) -> None:
     """The goodput benchmark: torchrun + Lightning vs ft-launcher + the toolkit, same faults."""
     _install_everything(session)
+    _warm(session, *EVERYTHING_MODULES)
     session.run("python", "benchmarks/bench_goodput.py", *session.posargs)
