@@ -9,9 +9,9 @@ records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resili
 report`` counts the restart. When rank 0 lost its step 6 (a save that never landed), both take
 step 3: the ranks never mix steps. When rank 1 hangs in libc with the GIL released (right
 after the save of step 6 was started), the monitors abort the group and both ranks resume at
-one agreed local step; the same on the issue's 4 ranks. When rank 1 is SIGKILLed under
-``ft-launcher --ft-inprocess-respawn``, it is respawned alone, the new process joins, and
-every rank (the survivor in its own process) rolls back to one agreed local step. Every
+one agreed local step; the same on the issue's 4 ranks. When a rank is SIGKILLed under
+``ft-launcher --ft-inprocess-respawn`` (2 and 4 ranks), it is respawned alone, the new process
+joins, and every rank (the survivors in their own processes) rolls back to one agreed step. Every
 iteration's manager is closed and leaves no writer process.
 """
 
@@ -272,35 +272,39 @@ def test_on_4_ranks_a_gil_released_hang_rolls_every_rank_back_to_one_step(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("save_of_6", "agreed"),
-    [("in flight", (3, 6)), ("landed", (6,))],
-    ids=["save-in-flight", "save-landed"],
+    ("nproc", "dead", "save_of_6", "agreed"),
+    [(2, 1, "in flight", (3, 6)), (2, 1, "landed", (6,)), (4, 2, "landed", (6,))],
+    ids=["2-ranks-save-in-flight", "2-ranks-save-landed", "4-ranks-save-landed"],
 )
-def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivor(
-    tmp_path: Path, save_of_6: str, agreed: tuple[int, ...]
+def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivors(
+    tmp_path: Path, nproc: int, dead: int, save_of_6: str, agreed: tuple[int, ...]
 ) -> None:
-    """Rank 1 SIGKILLs itself once step 7 is trained (the job's own progress times it), the
-    save of step 6 just started (its collective then fails on rank 0, or it may land first) or
-    waited for until it landed. ft-launcher respawns it alone; rank 0 keeps its process, the
-    new rank 1 joins at iteration 1, and both reload the newest local step both hold (6 when
-    that save landed on both, else 3), each exactly the shard it saved there, and train on."""
+    """Rank ``dead`` SIGKILLs itself once step 7 is trained (the job's own progress times it),
+    the save of step 6 just started (its collective then fails on the survivors, or it may land
+    first) or waited for until it landed. ft-launcher respawns it alone; the survivors keep
+    their processes, the new process joins at iteration 1, and every rank reloads the newest
+    local step all hold (6 when that save landed on all, else 3), each exactly the shard it
+    saved there, and trains on."""
     ledger_dir = tmp_path / "ledger"
-    kill = ("--kill", "1@7", *(("--kill-saved",) if save_of_6 == "landed" else ()))
+    kill = ("--kill", f"{dead}@7", *(("--kill-saved",) if save_of_6 == "landed" else ()))
     code, output, records = run_job(
-        tmp_path, *kill, env={DIR_ENV: str(ledger_dir)}, ft_launcher=RESPAWN_ALONE
+        tmp_path, *kill, env={DIR_ENV: str(ledger_dir)}, nproc=nproc, ft_launcher=RESPAWN_ALONE
     )
     assert code == 0, output[-8000:]
     assert "respawned it alone as pid" in output and "(SIGKILL)" in output, output[-8000:]
     assert "restarting the worker group" not in output, output[-8000:]
     [killed] = [r for r in records if r["event"] == "killed"]
-    assert (killed["rank"], killed["iteration"], killed["step"]) == (1, 0, 7)
+    assert (killed["rank"], killed["iteration"], killed["step"]) == (dead, 0, 7)
     assert killed["children"], "the killed rank had no writer process (nothing checked)"
     assert_gone(killed["children"])  # its writer died with it
+    ranks = range(nproc)
     starts = {(r["rank"], r["iteration"]): r for r in records if r["event"] == "start"}
-    assert sorted(starts) == [(rank, it) for rank in range(NPROC) for it in (0, 1)], output[-6000:]
-    assert starts[0, 1]["pid"] == starts[0, 0]["pid"], "the survivor is a new process"
-    assert starts[1, 0]["pid"] == killed["pid"] != starts[1, 1]["pid"], "rank 1 not respawned"
-    steps = {starts[rank, 1]["step"] for rank in range(NPROC)}
+    assert sorted(starts) == [(rank, it) for rank in ranks for it in (0, 1)], output[-6000:]
+    for rank in ranks:
+        if rank != dead:
+            assert starts[rank, 1]["pid"] == starts[rank, 0]["pid"], f"rank {rank} is new"
+    assert starts[dead, 0]["pid"] == killed["pid"] != starts[dead, 1]["pid"], "not respawned"
+    steps = {starts[rank, 1]["step"] for rank in ranks}
     assert len(steps) == 1, f"the ranks resumed at different steps: {starts}"
     [step] = steps
     assert step in agreed, step
@@ -314,20 +318,21 @@ def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivor(
         ]
         return found
 
-    for rank in range(NPROC):
-        # the shard the rank saved at that step (its old process's, for rank 1)
+    for rank in ranks:
+        # the shard the rank saved at that step (its old process's, for the dead rank)
         assert starts[rank, 1]["params"] == params(rank, 0, step), f"rank {rank}'s reloaded shard"
         # same data, same reduction order: step 7 trained again gives the same shard
         assert params(rank, 1, 7) == params(rank, 0, 7), f"rank {rank}'s step 7 trained again"
         assert params(rank, 1, 12)  # trained to the end
-    # the survivor closed both managers, the new process its own; the dead one could not
+    # the survivors closed both managers, the new process its own; the dead one could not
     closed = sorted((r["rank"], r["iteration"]) for r in records if r["event"] == "closed")
-    assert closed == [(0, 0), (0, 1), (1, 1)], output[-6000:]
+    expected = sorted({(rank, it) for rank in ranks for it in (0, 1)} - {(dead, 0)})
+    assert closed == expected, output[-6000:]
     [rollback] = ledger_events(ledger_dir, "inprocess_rollback")
     assert validate_event(rollback) is None
     assert rollback["iteration"] == 1
-    # rank 0 trained 7 steps; the new rank 1 trained none before the restart (-1 in the ledger)
-    assert rollback["trained_steps"] == [7, -1]
+    # the survivors trained 7 steps; the new process none before the restart (-1 in the ledger)
+    assert rollback["trained_steps"] == [-1 if rank == dead else 7 for rank in ranks]
     assert (rollback["step"], rollback["lost_steps"]) == (step, 7 - step)
     restarts = ledger_events(ledger_dir, "inprocess_restart")
     assert [r["iteration"] for r in restarts] == [1], restarts
