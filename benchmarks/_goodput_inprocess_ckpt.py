@@ -58,11 +58,20 @@ class PlainCheckpoints:
     def _dir(self, tier: str, rank: int) -> Path:
         return self.dirs[tier] / f"rank{rank}" if tier == "local" else self.dirs[tier]
 
-    def save_due(self, step: int, rank: int) -> None:
-        """Save ``step`` on every tier due at it (blocking; ledger events around each)."""
+    def save_due(self, step: int, rank: int) -> bool:
+        """Save ``step`` on every tier due at it (blocking; ledger events around each).
+
+        Returns:
+            Whether a tier was due at ``step``: the same answer on every rank, also where
+            only rank 0 saves (the persistent tier).
+        """
+        due = False
         for tier, every in self.every.items():
-            if step % every == 0 and (tier == "local" or rank == 0):
-                self._save(tier, step, rank)
+            if step % every == 0:
+                due = True
+                if tier == "local" or rank == 0:
+                    self._save(tier, step, rank)
+        return due
 
     def _save(self, tier: str, step: int, rank: int) -> None:
         rec = get_recorder()

@@ -9,7 +9,9 @@ The model, data, batch size, optimizer, fixed step time and checkpoint cadences 
 * a rank that dies of a signal is respawned alone by the launcher and healed from a live peer
   by ``inprocess.Healer`` (no step lost, the other processes stay);
 * the ranks' heartbeats go to ft-launcher's rank monitors, so a stopped (SIGSTOP) rank is found
-  and killed as hung, which the launcher answers with the full restart of the group;
+  and killed as hung, which the launcher answers with the full restart of the group; the
+  heartbeat timeouts are calculated once the job has restarted (``_goodput_inprocess_timeouts``),
+  as the toolkit's Lightning callback does;
 * a full restart (preemption, node loss, a hang) resumes from the newest checkpoint file any
   rank can read (``_goodput_inprocess_ckpt.py``: blocking saves, node-local every
   ``--local-every`` steps, persistent every ``--persistent-every``), sent to the other ranks by
@@ -21,7 +23,10 @@ teardown (callbacks, strategy) before the Wrapper gets it; see docs/simulator.md
 
 The stores: the Wrapper's and each iteration's process group store are clients of the
 launchers' rendezvous store (``--store``), which outlives every worker, so rank 0 can be
-respawned alone too. ``MASTER_PORT`` (a fresh port per rendezvous round) names the round.
+respawned alone too. ``MASTER_PORT`` (a fresh port per rendezvous round) names the round. The
+Wrapper keeps its store's port open when it aborts, so the process group's store client (same
+port) stays open too: an ``init_process_group`` waiting for a dead peer ends at
+``STORE_TIMEOUT``, not at once.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from _goodput_inprocess_ckpt import PlainCheckpoints
+from _goodput_inprocess_timeouts import CalculatedTimeouts
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -96,6 +102,7 @@ class _Job:
         # Outside the wrapped function: the abort shuts down sockets the function opened.
         self.monitor = RankMonitorClient()
         self.monitor.init_workload_monitoring()
+        self.timeouts = CalculatedTimeouts(self.monitor, args.ckpt_dir.parent / "ft_state.json")
 
     def _client(self) -> dist.TCPStore:
         return dist.TCPStore(self.host, self.port, is_master=False, timeout=STORE_TIMEOUT)
@@ -137,6 +144,7 @@ class _Job:
             timeout=timedelta(seconds=a.gloo_timeout),
         )
         step = self._start_step(it)
+        self.timeouts.started(it, step)
         ddp = DistributedDataParallel(self.model)
         rec = get_recorder()
         while step < a.steps:
@@ -149,7 +157,8 @@ class _Job:
             step += 1
             rec.step(step)
             self.monitor.send_heartbeat()
-            self.ckpt.save_due(step, rank)
+            if self.ckpt.save_due(step, rank):
+                self.timeouts.at_save(rank)
         dist.destroy_process_group()
 
 
