@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 JOB = Path(__file__).parent / "jobs" / "train.py"
 REPO = Path(__file__).resolve().parents[2]
 NPROC = 4
@@ -168,7 +170,12 @@ def assert_resumed_like_unbroken(
     finals = [r["params"] for r in run.records if r["event"] == "done"]
     unbroken_finals = [r["params"] for r in unbroken.records if r["event"] == "done"]
     assert len(finals) == nproc
-    assert all(f == unbroken_finals[0] for f in finals)
+    assert all(f == finals[0] for f in finals), "the ranks ended with different parameters"
+    # Equal within float32 rounding: the first step after a restart runs on a new DDP, whose
+    # first all-reduce uses its initial bucket layout, not the rebuilt one of the unbroken run's
+    # step; a different summation order (3.7e-9 here with torch 2.13, in a plain 4-rank DDP
+    # script too, no Wrapper involved).
+    assert finals[0] == pytest.approx(unbroken_finals[0], rel=1e-5, abs=1e-6)
 
 
 def unbroken_params_at(unbroken: Run, step: int) -> list[float]:
