@@ -26,7 +26,7 @@ launchers' rendezvous store (``--store``), which outlives every worker, so rank 
 respawned alone too. ``MASTER_PORT`` (a fresh port per rendezvous round) names the round. The
 Wrapper keeps its store's port open when it aborts, so the process group's store client (same
 port) stays open too: an ``init_process_group`` waiting for a dead peer ends at
-``STORE_TIMEOUT``, not at once.
+``STORE_TIMEOUT``, not at once, and that must come before the Wrapper's hard timeout.
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ from resiliency.ft import RankMonitorClient
 from resiliency.goodput import get_recorder
 
 BATCH = 8
-STORE_TIMEOUT = timedelta(seconds=20)
+# Below the Wrapper's hard_timeout - soft_timeout (15 s): the process group's store client is
+# not shut down by the abort (see the module docstring), so an init_process_group that waits for
+# a peer that died must end by its store timeout before the Wrapper gives up on the rank (seen
+# with 20 s: a rank SIGKILLed while the others formed the group had them all terminated).
+STORE_TIMEOUT = timedelta(seconds=10)
 
 
 class _PortedPrefixStore(dist.PrefixStore):
