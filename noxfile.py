@@ -415,7 +415,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON, tags=INSTALL_IN_CI)
 def bench_goodput(session: nox.Session) -> None:
-    """The goodput benchmark: torchrun + Lightning vs ft-launcher + the toolkit, same faults."""
+    """The goodput benchmark: torchrun + Lightning, ft-launcher + the toolkit, and in-process
+    restart (a plain-loop twin of the job), under the same faults."""
     _install_everything(session)
     _warm(session, *EVERYTHING_MODULES)
     session.run("python", "benchmarks/bench_goodput.py", *session.posargs)
