@@ -41,7 +41,9 @@ from inprocess_harness import (
 )
 
 HEAL = ("--heal", "--momentum", "0.9")
-# Respawn alone, forked from the pre-imported server, as the documented mode runs it.
+# Respawn alone, forked from the pre-imported server, as the documented mode runs it. The
+# whole-group restarts use it too: a rank forked from it costs ~1 s of CPU, a new interpreter
+# ~3 s (issue 31).
 RESPAWN_PREIMPORTED = (
     "--ft-inprocess-respawn",
     "--ft-preimport",
@@ -156,7 +158,7 @@ def test_the_rank_hosting_the_store_that_cannot_be_aborted_restarts_the_whole_gr
         "4",
         "--hard",
         "12",
-        launcher_args=("--ft-inprocess-respawn", "--max-restarts", "3"),
+        launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
     assert "rank 0: could not be aborted in-process" in run.output, run.output[-8000:]
@@ -173,7 +175,7 @@ def test_a_sigterm_from_outside_is_not_respawned_alone(tmp_path: Path) -> None:
         *HEAL,
         "--sigterm",
         f"2@{FAULT_STEP}",
-        launcher_args=("--ft-inprocess-respawn", "--max-restarts", "3"),
+        launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
     assert "respawned it alone" not in run.output, run.output[-8000:]
@@ -223,6 +225,7 @@ def assert_respawned_alone_and_healed(run: Run, unbroken: Run) -> None:
 def test_a_respawned_rank_that_does_not_join_in_time_falls_back_to_a_full_restart(
     tmp_path: Path,
 ) -> None:
+    # Without --ft-preimport: the one test of a rank respawned alone as a new interpreter.
     run = launch(
         tmp_path,
         *HEAL,
