@@ -173,9 +173,18 @@ class CheckpointManager:
         """
         return self._engine.load(state, step)
 
-    def close(self) -> None:
-        """Wait for the saves in flight (collective), then stop the writers; idempotent."""
-        self._engine.close()
+    def close(self, abort: bool = False) -> None:
+        """Wait for the saves in flight (collective), then stop the writers; idempotent.
+
+        Args:
+            abort: for a job being torn down after a fault (an in-process restart, a peer
+                dead, the process groups aborted): no collective at all. The saves in flight
+                are abandoned (never committed; the previous committed step stays the newest;
+                their temporary files go at the next manager's start), the writers are killed
+                by pid and the staging memory is released. Returns within seconds whatever
+                the other ranks do; a later ``close()`` is a no-op.
+        """
+        self._engine.close(abort)
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -62,6 +62,12 @@ class Save:
     resolved: bool = False
     error: BaseException | None = None
     thread: threading.Thread | None = None
+    # Set by ``abandon`` (``close(abort=True)``): the save is never committed from then on.
+    # The lock makes the check and the commit point one step, so an abandoned save is either
+    # committed before the abandonment or never.
+    abandoned: bool = False
+    committed: bool = False
+    commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fail(self, code: int, message: str) -> None:
         if self.code == OK:
@@ -180,6 +186,9 @@ def _wait_parts(save: Save) -> list[dict[str, Any]] | None:
                 pending.discard(rank)
         if not pending:
             break
+        if save.abandoned:
+            save.fail(IO_FAILED, f"the save of step {save.step} was abandoned")
+            return None
         if time.monotonic() > deadline:
             save.fail(
                 WRITER_FAILED,
@@ -203,17 +212,22 @@ def write_metadata(save: Save, parts: list[dict[str, Any]]) -> tuple[dict[str, A
     return files, size
 
 
-def _commit(save: Save, parts: list[dict[str, Any]]) -> None:
-    """Rank 0: ``.metadata``, manifest, fsync, rename, fsync root."""
+def _commit(save: Save, parts: list[dict[str, Any]]) -> bool:
+    """Rank 0: ``.metadata``, manifest, fsync, rename, fsync root; False when abandoned."""
     files, size = write_metadata(save, parts)
     for rank in range(save.world):
         (save.tmp / f".part-{rank}.json").unlink()
     manifest = _layout.build_manifest(save.step, save.nonce, save.world, files)
     _layout.write_durable(save.tmp / _layout.MANIFEST, manifest)
     _layout.fsync_dir(save.tmp)
-    save.tmp.rename(save.final)  # the commit point; fails if the step exists (never overwrite)
+    with save.commit_lock:
+        if save.abandoned:
+            return False
+        save.tmp.rename(save.final)  # the commit point; fails if the step exists (never overwrite)
+        save.committed = True
     _layout.fsync_dir(save.final.parent)
     save.bytes += size
+    return True
 
 
 def _await_commit(save: Save) -> None:
@@ -228,6 +242,9 @@ def _await_commit(save: Save) -> None:
                 nonce = None
             if nonce == save.nonce:
                 return
+        if save.abandoned:
+            save.fail(IO_FAILED, f"the save of step {save.step} was abandoned")
+            return
         gone = (save.tmp / ".abort").exists() or not save.tmp.exists()
         if gone and not (save.final / _layout.MANIFEST).exists():
             save.fail(IO_FAILED, f"rank 0 aborted the save of step {save.step}")
@@ -271,6 +288,39 @@ def report(save: Save) -> None:
     save.done.set()
 
 
+def abandon(save: Save, lock_timeout_s: float = 5.0) -> bool:
+    """Give ``save`` up without any collective (``close(abort=True)``); never raises.
+
+    From now on nobody commits it: this rank's completion stops waiting, rank 0 never renames
+    it, and a live rank 0 of another process sees this rank's failure marker (unless it already
+    committed). What the attempt left under its ``.tmp-`` directory is removed like any
+    uncommitted save's: by rank 0 of the next manager opening the root (``remove_stale``).
+
+    Returns:
+        False when this rank had already committed the step (rank 0 before the call), else True.
+    """
+    if not save.commit_lock.acquire(timeout=lock_timeout_s):
+        # Only the commit point holds the lock (a rename, or an object store's manifest
+        # upload): it is under way, so the step may still appear.
+        save.abandoned = True
+        logger.error(
+            "rank %d: the commit of step %d is under way (lock held %.0f s); it may still appear",
+            save.rank,
+            save.step,
+            lock_timeout_s,
+        )
+        return True
+    try:
+        save.abandoned = True
+        if save.committed:
+            return False
+    finally:
+        save.commit_lock.release()
+    if save.tmp.is_dir():
+        _mark(save, None)  # a rank 0 still waiting for the parts gives the step up
+    return True
+
+
 def complete(
     save: Save, writer: WriterProcess | None, keep_last: int | None, keep_every: int | None
 ) -> None:
@@ -283,7 +333,9 @@ def complete(
                 _abort(save)
             else:
                 try:
-                    _commit(save, parts)
+                    if not _commit(save, parts):
+                        save.fail(IO_FAILED, f"the save of step {save.step} was abandoned")
+                        _abort(save)
                 except Exception as exc:
                     save.fail(IO_FAILED, f"rank 0: committing step {save.step} failed: {exc}")
                     _abort(save)

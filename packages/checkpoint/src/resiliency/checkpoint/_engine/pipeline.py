@@ -26,11 +26,15 @@ from resiliency.checkpoint import _events
 from resiliency.checkpoint._collectives import agree as _agree
 from resiliency.checkpoint._dcp import planning as _dcp
 from resiliency.checkpoint._dcp import staging as _staging
+from resiliency.checkpoint._engine import commit as _commit
 from resiliency.checkpoint._engine.commit import IO_FAILED, OK, WRITER_FAILED, Save
 from resiliency.checkpoint._writer.client import WriterDiedError, WriterHungError, WriterProcess
 from resiliency.checkpoint.errors import CheckpointError, SaveFailedError, WriterFailedError
 
 logger = logging.getLogger(__name__)
+
+# close(abort=True) waits this long for the abandoned save's completion thread to end.
+_ABORT_JOIN_S = 5.0
 
 
 class SaveHandle:
@@ -350,9 +354,17 @@ class SavePipeline:
         _events.emit("checkpoint_load_started", tier=self.tier)
         return time.monotonic()
 
-    def close(self) -> None:
-        """Wait for the save in flight (collective), then stop the writer; idempotent."""
+    def close(self, abort: bool = False) -> None:
+        """Wait for the save in flight (collective), then stop the writer; idempotent.
+
+        Args:
+            abort: no collective at all (a peer may be dead, the groups aborted): the save in
+                flight is abandoned, never committed, and the writer is killed.
+        """
         if self._closed:
+            return
+        if abort:
+            self._abort_close()
             return
         try:
             self.wait()
@@ -360,6 +372,56 @@ class SavePipeline:
             self._closed = True
             self._finalizer()
             self._writer = None
+
+    def _abort_close(self) -> None:
+        """``close(abort=True)``: abandon the save in flight, kill the writer, free the arena."""
+        self._closed = True
+        save, self._inflight = self._inflight, None
+        writer, self._writer = self._writer, None
+        try:
+            if save is not None and not save.resolved:
+                self._abandon(save)
+            if writer is not None:
+                writer.kill()  # SIGKILL by pid, reaped within a deadline (it may be mid-write)
+            if save is not None and save.thread is not None:
+                # The completion notices the abandonment (or its writer's death) at its next
+                # poll; one still writing the arena itself is waited for before it is freed.
+                save.thread.join(_ABORT_JOIN_S)
+                if save.thread.is_alive():
+                    logger.warning(
+                        "rank %d: the completion of the abandoned step %d is still running "
+                        "after %.0f s; the arena is freed once it lets go",
+                        self.rank,
+                        save.step,
+                        _ABORT_JOIN_S,
+                    )
+        finally:
+            self._finalizer()
+
+    def _abandon(self, save: Save) -> None:
+        if not _commit.abandon(save):
+            logger.warning(
+                "rank %d: close(abort=True): step %d was already committed under %s; its "
+                "agreement with the other ranks is skipped",
+                self.rank,
+                save.step,
+                self.root,
+            )
+            save.resolved = True
+            return
+        save.error = SaveFailedError(
+            f"rank {self.rank}: the save of step {save.step} under {self.root} was abandoned "
+            "by close(abort=True); the previous committed step is intact"
+        )
+        save.resolved = True
+        logger.warning(
+            "rank %d: close(abort=True): abandoning the save of step %d in flight under %s "
+            "(no agreement with the other ranks: a peer may be dead or the process groups "
+            "aborted); it will not be committed",
+            self.rank,
+            save.step,
+            self.root,
+        )
 
 
 def _shutdown(writer: WriterProcess | None, arena: _staging.Arena) -> None:

@@ -39,8 +39,11 @@ class Engine(Protocol):
     def writer_pid(self) -> int | None:
         """The pid of this rank's (persistent) writer process, if any."""
 
-    def close(self) -> None:
-        """Wait for the saves in flight, then stop the writers; idempotent."""
+    def close(self, abort: bool = False) -> None:
+        """Wait for the saves in flight, then stop the writers; idempotent.
+
+        ``abort=True``: no collective; the saves in flight are abandoned and the writers killed.
+        """
 
 
 def control_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:

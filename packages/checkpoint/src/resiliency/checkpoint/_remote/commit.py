@@ -67,11 +67,15 @@ def _commit(save: Save, store: RemoteRoot, parts: list[dict[str, Any]]) -> None:
     if store.is_committed(save.step):  # another job's save of the same root: never overwrite
         raise RemoteStoreError(f"{store.step_url(save.step)} was committed by someone else")
     store.upload(save.tmp / ".metadata", save.step, ".metadata")
-    store.put_bytes(
-        save.step,
-        _layout.MANIFEST,
-        _layout.build_manifest(save.step, save.nonce, save.world, files),
-    )
+    with save.commit_lock:
+        if save.abandoned:
+            raise RemoteStoreError(f"the save of step {save.step} was abandoned")
+        store.put_bytes(
+            save.step,
+            _layout.MANIFEST,
+            _layout.build_manifest(save.step, save.nonce, save.world, files),
+        )
+        save.committed = True
     save.bytes += size
 
 

@@ -100,10 +100,10 @@ class ObjectStoreEngine(SavePipeline):
                 logger.warning("could not clean up %s: %s", self.url, exc)
         return spool
 
-    def close(self) -> None:
-        """As the pipeline's; then remove this engine's (empty) spool directory."""
+    def close(self, abort: bool = False) -> None:
+        """As the pipeline's; then remove this engine's spool directory."""
         try:
-            super().close()
+            super().close(abort)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -239,13 +239,13 @@ class TieredEngine:
     def writer_pid(self) -> int | None:
         return self.persistent.writer_pid if self.persistent is not None else None
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             if self.local is not None:
-                self.local.close()
+                self.local.close(abort)
         finally:
             if self.persistent is not None:
-                self.persistent.close()
+                self.persistent.close(abort)

@@ -57,6 +57,8 @@ from resiliency.checkpoint.tiers import LocalTier
 logger = logging.getLogger(__name__)
 
 _GRACE_S = 30.0
+# close(abort=True) waits this long for the commit lock and the abandoned save's thread.
+_ABORT_JOIN_S = 5.0
 
 
 @dataclass
@@ -80,6 +82,7 @@ class LocalSave:
     # The request the rank writes itself, off the training thread, because its writer was
     # still starting (None: the writer process has it).
     in_process: dict[str, Any] | None = None
+    abandoned: bool = False  # by close(abort=True): never committed from then on
 
     def fail(self, message: str, writer: bool = False) -> None:
         if not self.failed:
@@ -123,6 +126,9 @@ class LocalSaver:
         self._plan_cache = _dcp.PlanCache()
         self._writer: WriterProcess | None = WriterProcess()
         self.inflight: LocalSave | None = None
+        # Held around the abandonment check and the commit: an abandoned save is committed
+        # before the abandonment or never.
+        self._commit_lock = threading.Lock()
 
     # ------------------------------------------------------------------ save (training thread)
     def save(self, step: int, state_dict: dict[str, Any]) -> LocalSave:
@@ -321,7 +327,11 @@ class LocalSaver:
             if self.repl_group is not None:
                 self._collective(self._agree, code)
             if int(code.item()) == 0:
-                self._commit(save, incoming)
+                with self._commit_lock:
+                    if save.abandoned:
+                        save.fail(f"the local save of step {save.step} was abandoned")
+                    else:
+                        self._commit(save, incoming)
             else:
                 save.fail(f"another rank failed its part of step {save.step}")
         except Exception as exc:
@@ -404,8 +414,15 @@ class LocalSaver:
         )
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        """Wait for the save in flight (errors logged), then stop the writer."""
+    def close(self, abort: bool = False) -> None:
+        """Wait for the save in flight (errors logged), then stop the writer.
+
+        Args:
+            abort: no collective: the save in flight is abandoned and the writer killed.
+        """
+        if abort:
+            self._abort_close()
+            return
         try:
             self.wait_previous()
         except SaveFailedError as exc:
@@ -414,4 +431,39 @@ class LocalSaver:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            self._arena.close()
+
+    def _abort_close(self) -> None:
+        save, self.inflight = self.inflight, None
+        writer, self._writer = self._writer, None
+        try:
+            if save is not None and not save.done.is_set():
+                locked = self._commit_lock.acquire(timeout=_ABORT_JOIN_S)
+                save.abandoned = True
+                if locked:
+                    self._commit_lock.release()
+                logger.warning(
+                    "rank %d: close(abort=True): abandoning the local save of step %d in flight "
+                    "under %s (no agreement with the other ranks: a peer may be dead or the "
+                    "process groups aborted)%s",
+                    self.rank,
+                    save.step,
+                    self.root,
+                    "" if locked else "; its commit was under way and may still complete",
+                )
+            if writer is not None:
+                writer.kill()
+            if save is not None and save.thread is not None:
+                save.thread.join(_ABORT_JOIN_S)
+                if save.thread.is_alive():
+                    # It may sit in a replication collective with a dead peer until gloo's
+                    # timeout; it is a daemon thread and commits nothing once abandoned.
+                    logger.warning(
+                        "rank %d: the completion of the abandoned local step %d is still "
+                        "running after %.0f s",
+                        self.rank,
+                        save.step,
+                        _ABORT_JOIN_S,
+                    )
+        finally:
             self._arena.close()
