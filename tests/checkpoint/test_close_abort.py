@@ -22,7 +22,7 @@ import pytest
 import torch
 from close_abort_worker import state
 
-from resiliency.checkpoint import CheckpointManager
+from resiliency.checkpoint import CheckpointManager, LocalTier, PersistentTier, SaveFailedError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -138,3 +138,33 @@ def test_plain_close_still_waits_for_the_agreement_and_commits(
         assert mgr.steps() == [1, 2]
     finally:
         mgr.close()
+
+
+def test_close_abort_abandons_both_tiers_saves_in_flight(tmp_path: Path, pids_to_clean: list[int]):
+    """One process, a local and a persistent tier, both writers stopped mid-save (SIGSTOP)."""
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    tiers = [LocalTier(local, replicas=0), PersistentTier(shared)]
+    mgr = CheckpointManager(None, tiers=tiers)
+    mgr.save(1, state(1), tier="all").wait()
+    writers = [mgr.local._writer, mgr.persistent._writer]
+    for writer in writers:
+        writer.wait_ready(writer.deadline(120))  # a writer still starting is bypassed
+        pids_to_clean.append(writer.pid)
+        os.kill(writer.pid, signal.SIGSTOP)
+    handle = mgr.save(2, state(2), tier="all")
+    assert not handle.done()
+    t0 = time.monotonic()
+    mgr.close(abort=True)
+    assert time.monotonic() - t0 < ABORT_BOUND_S
+    assert all(_wait_dead(w.pid, 1) for w in writers), [w.pid for w in writers]
+    with pytest.raises(SaveFailedError, match="abandoned"):
+        handle.wait()
+    mgr.close()  # a no-op
+    again = CheckpointManager(None, tiers=tiers, eager_writer=False)
+    try:
+        assert again.steps() == [1]
+        loaded = {"model": {"w": torch.zeros(4096), "b": torch.zeros(16)}}
+        assert again.load(loaded) == 1
+        assert torch.equal(loaded["model"]["w"], state(1)["model"]["w"])
+    finally:
+        again.close()
