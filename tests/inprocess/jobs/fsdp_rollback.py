@@ -6,7 +6,8 @@ so nothing is healed from memory: the training function builds the model, the op
 ``CheckpointManager`` with a ``LocalTier`` at every iteration, on the new process group, and
 ``load`` restores the newest step that verifies on every rank (one step, agreed by all ranks).
 The manager is closed in a ``finally`` inside the function, so a restart never leaves its writer
-behind.
+behind: with ``close(abort=True)`` when a fault elsewhere restarts the rank (``RankShouldRestart``:
+no collective with the aborted group; a save in flight is given up), else ``close()``.
 
 The job reports the step it reloaded to ``inprocess.Rollback`` (every rank's newest trained
 step, the steps lost; rank 0 records it in the goodput ledger when ``RESILIENCY_GOODPUT_DIR``
@@ -15,7 +16,7 @@ is set, with rank 0's ``step`` events).
 Each rank appends JSON lines to OUT/rank<rank>.jsonl: ``start`` (pid, iteration, the step
 resumed from, the steps lost, this rank's shard of the parameters), ``params`` after every
 step, ``closed`` (this process's child processes before and after the manager's close: its
-writer).
+writer; ``abort``: whether it was ``close(abort=True)``).
   --raise R@N   rank R raises at the start of step N in iteration 0
   --hang R@N    rank R sleeps in libc (GIL released) at the start of step N in iteration 0,
                 again after every signal that does not raise (a stack dump), until the restart
@@ -138,6 +139,7 @@ def main() -> int:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         tier = LocalTier(local, every=args.every, replicas=0, node=f"node{RANK}")
         mgr = CheckpointManager(None, tiers=[tier])
+        restarting = False
         try:
             if it == 1 and args.stale == RANK:
                 newest = max(mgr.steps())
@@ -174,14 +176,25 @@ def main() -> int:
                 record(event="params", iteration=it, step=step, params=shard(model))
                 mgr.save(step, state)
             mgr.wait()
+        except inprocess.exception.RankShouldRestart:
+            # A fault elsewhere: the group is aborted and a peer may be dead, so the save in
+            # flight cannot be agreed on; close(abort=True) gives it up without a collective.
+            restarting = True
+            raise
         finally:
             # Stops this iteration's writer (the next iteration builds its own manager on its
             # new group). Shielded: a peer's fault seen by the monitor waits for it, instead
             # of interrupting it half-way and leaving the writer behind; not progress.
             with call_wrapper.atomic(progress=False):
                 before = children()
-                mgr.close()
-                record(event="closed", iteration=it, before=before, after=children())
+                mgr.close(abort=restarting)
+                record(
+                    event="closed",
+                    iteration=it,
+                    before=before,
+                    after=children(),
+                    abort=restarting,
+                )
         dist.destroy_process_group()
 
     train()
