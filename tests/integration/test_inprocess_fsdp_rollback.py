@@ -17,11 +17,13 @@ iteration's manager is closed and leaves no writer process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,18 +80,12 @@ def run_job(
 def assert_no_writer_left(records: list[dict]) -> None:
     """Every child process a rank had before closing a manager (its writer) is gone after
     the close and after the job; one still alive is killed (by pid) and fails the test."""
-    left = []
+    pids = []
     for r in (r for r in records if r["event"] == "closed"):
         assert r["before"], f"no writer process before the close (nothing checked): {r}"
         assert not set(r["before"]) & set(r["after"]), f"a writer outlived its close: {r}"
-        for pid in r["before"]:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            left.append(pid)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        pids += r["before"]
+    left = still_running(pids)
     assert not left, f"writer processes left behind after the job: {left}"
 
 
@@ -341,13 +337,30 @@ def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivors(
 
 def assert_gone(pids: list[int]) -> None:
     """Every pid has exited; one still alive is killed (by pid) and fails the test."""
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        alive.append(pid)
-    for pid in alive:
-        os.kill(pid, signal.SIGKILL)
+    alive = still_running(pids)
     assert not alive, f"processes left behind: {alive}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (a dead rank's writer is reaped by whoever
+    adopted it, possibly never in a container whose first process reaps nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def still_running(pids: list[int], timeout_s: float = 60.0) -> list[int]:
+    """The pids still running ``timeout_s`` from now (each is then killed, by pid).
+
+    A writer ends by its parent-death signal or at its socket's EOF once its rank is gone,
+    moments after the job's end, or up to seconds later on a loaded machine.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
