@@ -237,7 +237,6 @@ def straggler_cupti(session: nox.Session) -> None:
         "scikit-build-core>=0.10",
         *TEST_DEPS,
     )
-    _warm(session, "torch")
     _pytest(session, "tests/straggler_cupti", workers=0)  # ~30 s, mostly one wheel build
 
 
