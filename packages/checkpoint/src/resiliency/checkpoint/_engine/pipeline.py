@@ -27,14 +27,12 @@ from resiliency.checkpoint._collectives import agree as _agree
 from resiliency.checkpoint._dcp import planning as _dcp
 from resiliency.checkpoint._dcp import staging as _staging
 from resiliency.checkpoint._engine import commit as _commit
+from resiliency.checkpoint._engine.abandon import stop_abandoned
 from resiliency.checkpoint._engine.commit import IO_FAILED, OK, WRITER_FAILED, Save
 from resiliency.checkpoint._writer.client import WriterDiedError, WriterHungError, WriterProcess
 from resiliency.checkpoint.errors import CheckpointError, SaveFailedError, WriterFailedError
 
 logger = logging.getLogger(__name__)
-
-# close(abort=True) waits this long for the abandoned save's completion thread to end.
-_ABORT_JOIN_S = 5.0
 
 
 class SaveHandle:
@@ -381,20 +379,12 @@ class SavePipeline:
         try:
             if save is not None and not save.resolved:
                 self._abandon(save)
-            if writer is not None:
-                writer.kill()  # SIGKILL by pid, reaped within a deadline (it may be mid-write)
-            if save is not None and save.thread is not None:
-                # The completion notices the abandonment (or its writer's death) at its next
-                # poll; one still writing the arena itself is waited for before it is freed.
-                save.thread.join(_ABORT_JOIN_S)
-                if save.thread.is_alive():
-                    logger.warning(
-                        "rank %d: the completion of the abandoned step %d is still running "
-                        "after %.0f s; the arena is freed once it lets go",
-                        self.rank,
-                        save.step,
-                        _ABORT_JOIN_S,
-                    )
+            stop_abandoned(
+                writer,
+                save.thread if save is not None else None,
+                rank=self.rank,
+                step=save.step if save is not None else -1,
+            )
         finally:
             self._finalizer()
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from resiliency.checkpoint import _events, _layout
 from resiliency.checkpoint._dcp import planning as _dcp
 from resiliency.checkpoint._dcp import staging as _staging
+from resiliency.checkpoint._engine.abandon import ABORT_JOIN_S, stop_abandoned
 from resiliency.checkpoint._engine.root_check import ensure_writable
 from resiliency.checkpoint._tiers import holdings as _holdings
 from resiliency.checkpoint._tiers import replicate as _replicate
@@ -57,8 +58,6 @@ from resiliency.checkpoint.tiers import LocalTier
 logger = logging.getLogger(__name__)
 
 _GRACE_S = 30.0
-# close(abort=True) waits this long for the commit lock and the abandoned save's thread.
-_ABORT_JOIN_S = 5.0
 
 
 @dataclass
@@ -438,7 +437,7 @@ class LocalSaver:
         writer, self._writer = self._writer, None
         try:
             if save is not None and not save.done.is_set():
-                locked = self._commit_lock.acquire(timeout=_ABORT_JOIN_S)
+                locked = self._commit_lock.acquire(timeout=ABORT_JOIN_S)
                 save.abandoned = True
                 if locked:
                     self._commit_lock.release()
@@ -451,19 +450,11 @@ class LocalSaver:
                     self.root,
                     "" if locked else "; its commit was under way and may still complete",
                 )
-            if writer is not None:
-                writer.kill()
-            if save is not None and save.thread is not None:
-                save.thread.join(_ABORT_JOIN_S)
-                if save.thread.is_alive():
-                    # It may sit in a replication collective with a dead peer until gloo's
-                    # timeout; it is a daemon thread and commits nothing once abandoned.
-                    logger.warning(
-                        "rank %d: the completion of the abandoned local step %d is still "
-                        "running after %.0f s",
-                        self.rank,
-                        save.step,
-                        _ABORT_JOIN_S,
-                    )
+            stop_abandoned(
+                writer,
+                save.thread if save is not None else None,
+                rank=self.rank,
+                step=save.step if save is not None else -1,
+            )
         finally:
             self._arena.close()
