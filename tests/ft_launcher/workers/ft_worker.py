@@ -23,6 +23,17 @@ RANK = int(os.environ.get("RANK", "0"))
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def _wait_for_armed_peers(marker: Path, timeout_s: float = 120.0) -> None:
+    """Wait until every rank of this attempt has marked ``armed``, or fail naming the others."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    wanted = {f"armed-{rank}-{ATTEMPT}" for rank in range(world)}
+    deadline = time.monotonic() + timeout_s
+    while missing := wanted - {p.name for p in marker.iterdir()}:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {RANK}: {sorted(missing)} not marked within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def mark(directory: Path, name: str) -> None:
     # Written aside and renamed: a test that sees the name may read the content at once.
     tmp = directory / f".{name}.tmp"
@@ -75,7 +86,7 @@ def main() -> int:
             mark(marker, f"preemption-{RANK}-{ATTEMPT}")
 
         signal.signal(signal.SIGTERM, _on_term)
-    if args.mode in ("ignore_sigterm", "exit_on_sigterm"):
+    if args.mode in ("ignore_sigterm", "exit_on_sigterm", "crash_reads_stop_mark"):
         mark(marker, f"armed-{RANK}-{ATTEMPT}")  # the SIGTERM handler is in place
     if args.mode == "child_ignores_sigterm":
         # Like a data-loader worker that ignores SIGTERM: must not outlive the launcher.
@@ -93,7 +104,12 @@ def main() -> int:
             if mode in ("hang_hb", "hang_in_section"):
                 mark(marker, f"hang-{RANK}-{ATTEMPT}")
                 time.sleep(3600)
-            elif mode in ("crash", "crash_reads_stop_mark"):
+            elif mode == "crash":
+                os._exit(7)
+            elif mode == "crash_reads_stop_mark":
+                # Every rank's handler must be in place first: a peer still importing when the
+                # launcher stops it dies of the SIGTERM's default action and marks nothing.
+                _wait_for_armed_peers(marker)
                 os._exit(7)
             elif mode == "exception":
                 raise RuntimeError(f"injected failure on rank {RANK} at step {step}")
