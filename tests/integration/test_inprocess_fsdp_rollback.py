@@ -241,21 +241,14 @@ def test_on_4_ranks_a_gil_released_hang_rolls_every_rank_back_to_one_step(tmp_pa
     [step] = steps
     assert step in (3, 6)
 
-    def params(rank: int, iteration: int, at: int) -> list[float]:
-        key = ("params", rank, iteration, at)
-        [found] = [
-            r["params"]
-            for r in records
-            if (r["event"], r["rank"], r["iteration"], r.get("step")) == key
-        ]
-        return found
-
     for rank in range(nproc):
         assert starts[rank, 1]["pid"] == starts[rank, 0]["pid"], f"rank {rank} is a new process"
-        assert starts[rank, 1]["params"] == params(rank, 0, step), f"rank {rank}'s reloaded shard"
+        reloaded = starts[rank, 1]["params"]
+        assert reloaded == shard_in(records, rank, 0, step), f"rank {rank}'s reloaded shard"
         # the same processes, data and reduction order: bit for bit
-        assert params(rank, 1, 7) == params(rank, 0, 7), f"rank {rank}'s step 7 trained again"
-        assert params(rank, 1, 12)  # trained to the end
+        again = shard_in(records, rank, 1, 7)
+        assert again == shard_in(records, rank, 0, 7), f"rank {rank}'s step 7 trained again"
+        assert shard_in(records, rank, 1, 12)  # trained to the end
     closed = sorted((r["rank"], r["iteration"]) for r in records if r["event"] == "closed")
     assert closed == [(rank, it) for rank in range(nproc) for it in (0, 1)], output[-6000:]
     [restart] = ledger_events(ledger_dir, "inprocess_restart")
@@ -305,21 +298,14 @@ def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivors(
     [step] = steps
     assert step in agreed, step
 
-    def params(rank: int, iteration: int, at: int) -> list[float]:
-        key = ("params", rank, iteration, at)
-        [found] = [
-            r["params"]
-            for r in records
-            if (r["event"], r["rank"], r["iteration"], r.get("step")) == key
-        ]
-        return found
-
     for rank in ranks:
         # the shard the rank saved at that step (its old process's, for the dead rank)
-        assert starts[rank, 1]["params"] == params(rank, 0, step), f"rank {rank}'s reloaded shard"
+        reloaded = starts[rank, 1]["params"]
+        assert reloaded == shard_in(records, rank, 0, step), f"rank {rank}'s reloaded shard"
         # same data, same reduction order: step 7 trained again gives the same shard
-        assert params(rank, 1, 7) == params(rank, 0, 7), f"rank {rank}'s step 7 trained again"
-        assert params(rank, 1, 12)  # trained to the end
+        again = shard_in(records, rank, 1, 7)
+        assert again == shard_in(records, rank, 0, 7), f"rank {rank}'s step 7 trained again"
+        assert shard_in(records, rank, 1, 12)  # trained to the end
     # the survivors closed both managers, the new process its own; the dead one could not
     closed = sorted((r["rank"], r["iteration"]) for r in records if r["event"] == "closed")
     expected = sorted({(rank, it) for rank in ranks for it in (0, 1)} - {(dead, 0)})
@@ -333,6 +319,18 @@ def test_a_sigkilled_rank_respawned_alone_rolls_back_with_the_survivors(
     restarts = ledger_events(ledger_dir, "inprocess_restart")
     assert [r["iteration"] for r in restarts] == [1], restarts
     assert f"rank 0: rollback: every rank resumes at step {step} ({7 - step} steps lost" in output
+
+
+def shard_in(records: list[dict], rank: int, iteration: int, step: int) -> list[float]:
+    """The shard ``rank`` recorded after training ``step`` in restart ``iteration``
+    (``shard_at`` takes the newest record of a step, whatever its iteration)."""
+    key = ("params", rank, iteration, step)
+    [found] = [
+        r["params"]
+        for r in records
+        if (r["event"], r["rank"], r["iteration"], r.get("step")) == key
+    ]
+    return found
 
 
 def assert_gone(pids: list[int]) -> None:
