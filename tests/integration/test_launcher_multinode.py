@@ -216,9 +216,14 @@ def test_a_node_blocked_in_a_read_is_the_diagnosed_culprit(
     culprit = _wait_for_the_fault(marker_dir)
     assert a.wait(240) == 0, a.log()
     assert b.wait(240) == 0, b.log()
-    events = [e for e in read_ledger([ledger]).events if e.event == "diagnosis"]
+    diagnoses = [e for e in read_ledger([ledger]).events if e.event == "diagnosis"]
     # who wrote what first: the launchers' logs are long and pytest cuts the message
-    seen = [(e.node, e.data.get("cls"), e.data.get("culprit_ranks"), e.time) for e in events]
+    seen = [(e.node, e.data.get("cycle"), e.data.get("cls"), e.time) for e in diagnoses]
+    # The hang's cycle is diagnosed once, by one node. A later cycle may fail for a reason of its
+    # own on a loaded machine (a restarted rank that missed the gloo deadline): its diagnosis is
+    # not this test's.
+    first = min(e.data.get("cycle", 0) for e in diagnoses)
+    events = [e for e in diagnoses if e.data.get("cycle", 0) == first]
     assert len(events) == 1, (seen, a.log()[-6000:], b.log()[-6000:])
     (event,) = events
     assert event.data["cls"] == "hang_io", event.data
