@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess_harness import Run, Torchrun, read_records
+from inprocess_harness import PREIMPORTED_FLAGS, FtLauncher, Run, Torchrun, read_records
 from xdist_once import once
 
 
@@ -18,8 +18,17 @@ def torchrun(tmp_path: Path) -> Iterator[Torchrun]:
     runner.kill()
 
 
+@pytest.fixture
+def ft_launcher(tmp_path: Path) -> Iterator[FtLauncher]:
+    """Start jobs under ft-launcher, every rank forked from its pre-imported server (the cheap
+    way to run tests whose subject is the Wrapper, not the launcher); killed by pid at teardown."""
+    runner = FtLauncher(tmp_path, flags=PREIMPORTED_FLAGS)
+    yield runner
+    runner.kill()
+
+
 def _run_unbroken(folder: Path) -> None:
-    runner = Torchrun(folder)
+    runner = FtLauncher(folder, flags=PREIMPORTED_FLAGS)
     try:
         run = runner.run()
     finally:
@@ -31,7 +40,9 @@ def _run_unbroken(folder: Path) -> None:
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The same job with no fault: the reference every restarted run must match.
 
-    One torchrun of 4 ranks for the whole pytest run, however many xdist workers ask for it.
+    One job of 4 ranks for the whole pytest run, however many xdist workers ask for it (under
+    ft-launcher's pre-imported server: which launcher started the ranks does not change what
+    they train).
     """
     folder = once(tmp_path_factory, "inprocess-unbroken", _run_unbroken)
     return Run(0, (folder / "run.log").read_text(errors="replace"), read_records(folder / "run"))

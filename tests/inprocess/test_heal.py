@@ -2,7 +2,9 @@
 restart every rank resumes at one agreed step, the state a rank lost or half-updated comes from
 a live peer over gloo, and every transfer is verified.
 
-4 gloo ranks under plain torchrun; SGD with momentum, so the optimizer has state to heal too.
+4 gloo ranks forked from ft-launcher's pre-imported server (the launcher is not the subject
+here; test_exception_restart.py and test_hang_restart.py run under plain torchrun); SGD with
+momentum, so the optimizer has state to heal too.
 Faults inside healing come from ``RESILIENCY_INPROCESS_HEAL_FAULT`` (its one home is
 ``resiliency.inprocess._heal_faults``).
 """
@@ -14,7 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess_harness import FAULT_STEP, NPROC, Run, Torchrun, unbroken_params_at
+from inprocess_harness import (
+    FAULT_STEP,
+    NPROC,
+    PREIMPORTED_FLAGS,
+    FtLauncher,
+    Run,
+    unbroken_params_at,
+)
 
 from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
 from resiliency.inprocess._heal_faults import HEAL_FAULT_ENV
@@ -25,7 +34,7 @@ HEAL = ("--heal", "--momentum", "0.9")
 @pytest.fixture(scope="module")
 def unbroken_momentum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The healing job with no fault: every heal is the no-transfer path."""
-    runner = Torchrun(tmp_path_factory.mktemp("unbroken-heal"))
+    runner = FtLauncher(tmp_path_factory.mktemp("unbroken-heal"), flags=PREIMPORTED_FLAGS)
     try:
         run = runner.run(*HEAL)
         assert run.returncode == 0, run.output[-6000:]
@@ -69,9 +78,9 @@ def assert_one_step_like_unbroken(run: Run, unbroken: Run, iteration: int) -> in
 
 @pytest.mark.slow
 def test_a_rank_failing_inside_its_optimizer_step_is_healed_from_a_peer(
-    torchrun: Torchrun, unbroken_momentum: Run
+    ft_launcher: FtLauncher, unbroken_momentum: Run
 ) -> None:
-    run = torchrun.run(*HEAL, "--raise-mid-update", f"2@{FAULT_STEP}")
+    run = ft_launcher.run(*HEAL, "--raise-mid-update", f"2@{FAULT_STEP}")
     step = assert_one_step_like_unbroken(run, unbroken_momentum, iteration=1)
     # the others finished the step rank 2 failed in (their optimizer step is atomic): nothing
     # of it is lost
@@ -91,9 +100,9 @@ def test_a_rank_failing_inside_its_optimizer_step_is_healed_from_a_peer(
 
 @pytest.mark.slow
 def test_two_ranks_failing_inside_their_optimizer_step_are_healed_from_different_peers(
-    torchrun: Torchrun, unbroken_momentum: Run
+    ft_launcher: FtLauncher, unbroken_momentum: Run
 ) -> None:
-    run = torchrun.run(
+    run = ft_launcher.run(
         *HEAL, "--raise-mid-update", f"1@{FAULT_STEP}", "--raise-mid-update", f"3@{FAULT_STEP}"
     )
     step = assert_one_step_like_unbroken(run, unbroken_momentum, iteration=1)
@@ -107,10 +116,10 @@ def test_two_ranks_failing_inside_their_optimizer_step_are_healed_from_different
 
 @pytest.mark.slow
 def test_a_corrupt_transfer_is_detected_and_fetched_again_from_another_peer(
-    torchrun: Torchrun, unbroken_momentum: Run, tmp_path: Path
+    ft_launcher: FtLauncher, unbroken_momentum: Run, tmp_path: Path
 ) -> None:
     ledger_dir = tmp_path / "ledger"
-    run = torchrun.run(
+    run = ft_launcher.run(
         *HEAL,
         "--raise-mid-update",
         f"2@{FAULT_STEP}",
@@ -137,9 +146,9 @@ def test_a_corrupt_transfer_is_detected_and_fetched_again_from_another_peer(
 
 @pytest.mark.slow
 def test_every_copy_corrupt_stops_the_job_with_an_error_naming_rank_and_step(
-    torchrun: Torchrun,
+    ft_launcher: FtLauncher,
 ) -> None:
-    run = torchrun.run(
+    run = ft_launcher.run(
         *HEAL,
         "--raise-mid-update",
         f"2@{FAULT_STEP}",
@@ -156,11 +165,11 @@ def test_every_copy_corrupt_stops_the_job_with_an_error_naming_rank_and_step(
 
 @pytest.mark.slow
 def test_a_fault_during_healing_ends_at_one_agreed_step(
-    torchrun: Torchrun, unbroken_momentum: Run
+    ft_launcher: FtLauncher, unbroken_momentum: Run
 ) -> None:
     # rank 2 fails at the start of step 5 and comes back with a lost state (as a new process
     # would); rank 0, its first source, fails while sending it: one more restart, one more heal
-    run = torchrun.run(
+    run = ft_launcher.run(
         *HEAL, "--raise", f"2@{FAULT_STEP}", "--forget", "2", env={HEAL_FAULT_ENV: "raise@0"}
     )
     assert not run.starts(1), "nobody trains in the iteration whose healing failed"
