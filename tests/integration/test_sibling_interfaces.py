@@ -18,6 +18,8 @@ INTERFACES = {
     "checkpoint/src/resiliency/checkpoint": ("resiliency.goodput",),
     "ft-core/src/resiliency/ft": (),
     "goodput/src/resiliency/goodput": (),
+    # works under plain torchrun: never the launcher (its session installs ft-launcher for tests)
+    "inprocess/src/resiliency/inprocess": ("resiliency.goodput",),
     "simulator/src/resiliency/simulator": ("resiliency.goodput",),
     "straggler/src/resiliency/straggler": (),
     "ft-launcher/src/resiliency/launcher": (
@@ -38,6 +40,7 @@ ALL_MODULES = (
     "resiliency.checkpoint",
     "resiliency.ft",
     "resiliency.goodput",
+    "resiliency.inprocess",
     "resiliency.launcher",
     "resiliency.ptl",
     "resiliency.simulator",
@@ -84,6 +87,7 @@ def test_only_public_sibling_names_are_used(folder: str) -> None:
         "resiliency.checkpoint",
         "resiliency.ft",
         "resiliency.goodput",
+        "resiliency.inprocess",
         "resiliency.straggler",
         "resiliency.launcher",
         "resiliency.ptl",
