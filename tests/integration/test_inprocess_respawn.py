@@ -36,7 +36,6 @@ from inprocess_harness import (
     NPROC,
     FtLauncher,
     Run,
-    Torchrun,
     unbroken_params_at,
 )
 
@@ -55,8 +54,12 @@ RESPAWN_PREIMPORTED = (
 
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    """The healing job with no fault, under plain torchrun: the reference."""
-    runner = Torchrun(tmp_path_factory.mktemp("unbroken-respawn"))
+    """The healing job with no fault, its ranks forked from ft-launcher's pre-imported server
+    (which launcher started them does not change what they train): the reference."""
+    runner = FtLauncher(
+        tmp_path_factory.mktemp("unbroken-respawn"),
+        flags=(*FT_LAUNCHER_FLAGS, "--ft-preimport", "torch,torch._dynamo,resiliency.inprocess"),
+    )
     try:
         run = runner.run(*HEAL)
         assert run.returncode == 0, run.output[-6000:]
