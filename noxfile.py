@@ -223,10 +223,10 @@ def inprocess(session: nox.Session) -> None:
     """resiliency-inprocess (torch): in-process restarts of 4 gloo ranks under torchrun and under
     ft-launcher.
 
-    ft-launcher is a test dependency only. The tests whose subject is not the launcher (healing,
-    the ledger, the repeated-fault rule) fork their ranks from its pre-imported server: measured
-    here, 9 s of CPU per 4-rank job instead of 20 s for torchrun's four fresh interpreters
-    (issue 31). That the package never imports the launcher is checked from its source
+    ft-launcher is a test dependency only. Tests whose subject is not the launcher (healing, the
+    repeated-fault rule, the unbroken reference) fork their ranks from its pre-imported server:
+    measured here, 9 s of CPU per 4-rank job instead of 20 s for torchrun's four fresh
+    interpreters (issue 31). That the package never imports the launcher is checked from its source
     (tests/integration/test_sibling_interfaces.py), not by leaving it out of this environment.
     """
     _install(session, "pkg:inprocess", "pkg:ft-launcher", *TEST_DEPS)

@@ -34,6 +34,7 @@ from inprocess_harness import (
     FAULT_STEP,
     FT_LAUNCHER_FLAGS,
     NPROC,
+    PREIMPORTED_FLAGS,
     FtLauncher,
     Run,
     unbroken_params_at,
@@ -56,10 +57,7 @@ RESPAWN_PREIMPORTED = (
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The healing job with no fault, its ranks forked from ft-launcher's pre-imported server
     (which launcher started them does not change what they train): the reference."""
-    runner = FtLauncher(
-        tmp_path_factory.mktemp("unbroken-respawn"),
-        flags=(*FT_LAUNCHER_FLAGS, "--ft-preimport", "torch,torch._dynamo,resiliency.inprocess"),
-    )
+    runner = FtLauncher(tmp_path_factory.mktemp("unbroken-respawn"), flags=PREIMPORTED_FLAGS)
     try:
         run = runner.run(*HEAL)
         assert run.returncode == 0, run.output[-6000:]
