@@ -222,6 +222,7 @@ def test_a_node_blocked_in_a_read_is_the_diagnosed_culprit(
     # The hang's cycle is diagnosed once, by one node. A later cycle may fail for a reason of its
     # own on a loaded machine (a restarted rank that missed the gloo deadline): its diagnosis is
     # not this test's.
+    assert diagnoses, ("no diagnosis event", a.log()[-6000:], b.log()[-6000:])
     first = min(e.data.get("cycle", 0) for e in diagnoses)
     events = [e for e in diagnoses if e.data.get("cycle", 0) == first]
     assert len(events) == 1, (seen, a.log()[-6000:], b.log()[-6000:])
