@@ -41,6 +41,9 @@ before DDP is built and records a ``heal`` line, and the optimizer step is ``Hea
 ``--check-freed``: every iteration after the first records a ``freed`` line: whether the
 previous iteration's DDP model and process group were freed (weak references) by then.
 
+``--tree-hosts K``: ``rank_assignment=Tree(...)`` over "hosts" of K consecutive ranks with at
+most one active rank per host, the others spares (NVRx's ``Tree``/``Layer``/``LayerFlag``).
+
 ``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
@@ -248,6 +251,21 @@ class Unhealthy(inprocess.health_check.HealthCheck):
         return state
 
 
+def tree(per_host: int) -> inprocess.rank_assignment.Tree:
+    """One active rank per "host" of ``per_host`` consecutive ranks; spares replace within a
+    host first, then across the job."""
+    layer = inprocess.rank_assignment.Layer
+    reserve = inprocess.rank_assignment.LayerFlag.RESERVE
+    return inprocess.rank_assignment.Tree(
+        [
+            layer(key_or_fn="job", flag=reserve),
+            layer(
+                max_ranks=1, key_or_fn=lambda s: f"host{s.initial_rank // per_host}", flag=reserve
+            ),
+        ]
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -273,6 +291,7 @@ def main() -> int:
     parser.add_argument("--hard", type=float, default=60.0)
     parser.add_argument("--check-freed", action="store_true")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    parser.add_argument("--tree-hosts", type=int, default=0)
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     args = parser.parse_args()
     if args.log_info:
@@ -292,6 +311,7 @@ def main() -> int:
         completion_timeout=timedelta(seconds=120),
         termination_grace_time=timedelta(seconds=2),
         max_repeated_faults=args.max_repeated or None,
+        rank_assignment=tree(args.tree_hosts) if args.tree_hosts else None,
     )
     final = wrapper(job.train)()
     job.record(event="done", step=job.step, params=final)

@@ -7,7 +7,9 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import ConfigError
+from resiliency.inprocess.rank_assignment import RankAssignment, Tree
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,21 @@ def check_callback(name: str, value: Any, base: type, *, optional: bool = True) 
             f"Wrapper({name}={value!r}): expected an instance of "
             f"resiliency.inprocess.{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}"
             f"{' or None' if optional else ''} (compose several with inprocess.Compose)"
+        )
+
+
+def check_rank_assignment(value: Any) -> None:
+    """Check ``rank_assignment``: a ``RankAssignment`` or None, with a ``Tree`` only alone.
+
+    Raises:
+        ConfigError: another type, or a ``Tree`` inside a ``Compose``.
+    """
+    check_callback("rank_assignment", value, RankAssignment)
+    if isinstance(value, Compose) and any(isinstance(part, Tree) for part in value.instances):
+        raise ConfigError(
+            "Wrapper(rank_assignment=Compose(..., Tree(...), ...)): a Tree assigns and "
+            "activates every rank itself and is used alone, as in NVRx; pass the Tree "
+            "(its world_size_filter limits the active world size)"
         )
 
 

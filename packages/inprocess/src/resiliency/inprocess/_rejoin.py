@@ -18,7 +18,7 @@ from pathlib import Path
 from resiliency.inprocess._launcher_contract import REJOIN_FILE_ENV
 from resiliency.inprocess._restart_store import RestartStore
 from resiliency.inprocess.rank_assignment import RankDiscarded
-from resiliency.inprocess.state import State
+from resiliency.inprocess.state import Mode, State
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def take_place(store: RestartStore, state: State, iteration: int) -> list[int]:
     state.rank = members.index(me) if rank is None else rank
     state.world_size = state.active_world_size = len(members)
     state.active_rank = state.rank
+    state.mode = Mode.ACTIVE  # as its predecessor was: not INITIALIZED, the first call's mode
     state.iteration = iteration
     store.report_fault(
         iteration,

@@ -3,17 +3,47 @@
 A ``RankAssignment`` takes a ``RankAssignmentCtx`` (the rank's state, the store, and the ranks
 of the previous iteration that left the job) and returns it updated. Chain several with
 ``Compose``: ``Compose(ActivateAllRanks(), ShiftRanks())`` (the default) first closes the gaps
-(``ShiftRanks``), then makes every remaining rank active.
+(``ShiftRanks``), then makes every remaining rank active. ``RankFilter`` subclasses only choose
+which ranks are active; put them after (left of, in ``Compose``) the ones that renumber.
+``Tree`` does both from a topology of layers (e.g. the job, then each host) and is used alone;
+``FilterCountGroupedByKey`` terminates whole groups that lost ranks.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import itertools
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from resiliency.inprocess._rank_tree import Layer, LayerFlag, RankTree
 from resiliency.inprocess.exception import ConfigError, RestartError
 from resiliency.inprocess.state import Mode, State
+
+__all__ = [
+    "ActivateAllRanks",
+    "ActiveWorldSizeDivisibleBy",
+    "FillGaps",
+    "FilterCountGroupedByKey",
+    "Layer",
+    "LayerFlag",
+    "MaxActiveWorldSize",
+    "RankAssignment",
+    "RankAssignmentCtx",
+    "RankDiscarded",
+    "RankFilter",
+    "ShiftRanks",
+    "Tree",
+]
+
+log = logging.getLogger(__name__)
+#: How long the ranks wait for each other's keys (``Tree``'s first call) or counts
+#: (``FilterCountGroupedByKey``) unless told otherwise: NVRx's default.
+DEFAULT_TIMEOUT = timedelta(seconds=60)
 
 
 class RankDiscarded(RestartError):  # noqa: N818 - NVRx's name
@@ -96,7 +126,11 @@ class FillGaps(RankAssignment):
         return ctx
 
 
-class ActivateAllRanks(RankAssignment):
+class RankFilter(RankAssignment):
+    """Base class of the assignments that only choose which ranks are active (spares wait)."""
+
+
+class ActivateAllRanks(RankFilter):
     """Make every rank active: active rank = rank, active world size = world size."""
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
@@ -108,7 +142,7 @@ class ActivateAllRanks(RankAssignment):
         return ctx
 
 
-class MaxActiveWorldSize(RankAssignment):
+class MaxActiveWorldSize(RankFilter):
     """Keep at most ``max_active_world_size`` ranks active; the rest wait as spares.
 
     Args:
@@ -128,7 +162,7 @@ class MaxActiveWorldSize(RankAssignment):
         return ctx
 
 
-class ActiveWorldSizeDivisibleBy(RankAssignment):
+class ActiveWorldSizeDivisibleBy(RankFilter):
     """Round the active world size down to a multiple of ``divisor``; the rest are spares.
 
     Args:
@@ -153,3 +187,218 @@ def _limit_active(state: State, limit: int) -> None:
     if state.active_rank is not None and state.active_rank >= size:
         state.active_rank = None
         state.mode = Mode.INACTIVE
+
+
+def _round(state: State) -> str:
+    """Which call of the assignment this is, the same on every rank: the first (before the
+    function was ever called) or the one after iteration N's restart barrier."""
+    return "start" if state.mode is Mode.INITIALIZED else f"after{state.iteration}"
+
+
+def _wait_keys(store: Any, keys: list[str], timeout: timedelta, what: str) -> None:
+    """Wait until every key is set; on timeout name the missing ones and what they are."""
+    try:
+        store.wait(keys, timeout)
+    except Exception as exc:  # torch raises DistStoreError (a RuntimeError) or its own timeout
+        missing = ", ".join(k.rsplit("/", 1)[-1] for k in keys if not store.check([k]))
+        raise TimeoutError(
+            f"rank assignment: waited {timeout.total_seconds():.1f} s for {what}; still missing: "
+            f"{missing}; are those ranks alive and calling the same rank_assignment? ({exc})"
+        ) from exc
+
+
+def _key_of(layer: Layer | FilterCountGroupedByKey, state: State) -> str:
+    key = layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn
+    if not isinstance(key, str):
+        raise ConfigError(f"key_or_fn returned {key!r} for rank {state.rank}: it must be a str")
+    return key
+
+
+def _check_layers(layers: Any) -> list[Layer]:
+    if not isinstance(layers, (list, tuple)) or not layers:
+        raise ConfigError(f"Tree(layers={layers!r}): a non-empty list of Layer is needed")
+    for index, layer in enumerate(layers):
+        where = f"Tree(layers[{index}]={layer!r})"
+        if not isinstance(layer, Layer):
+            raise ConfigError(f"{where}: not a rank_assignment.Layer")
+        if not isinstance(layer.min_ranks, int) or layer.min_ranks < 0:
+            raise ConfigError(f"{where}: min_ranks must be an int >= 0")
+        if layer.max_ranks is not None and (
+            not isinstance(layer.max_ranks, int) or layer.max_ranks < 1
+        ):
+            raise ConfigError(f"{where}: max_ranks must be None or an int >= 1")
+        if not (isinstance(layer.key_or_fn, str) or callable(layer.key_or_fn)):
+            raise ConfigError(f"{where}: key_or_fn must be a str or a function of the State")
+        if layer.flag is not None and not isinstance(layer.flag, LayerFlag):
+            raise ConfigError(f"{where}: flag must be None or a LayerFlag")
+    return list(layers)
+
+
+class Tree(RankAssignment):
+    """Assign and activate ranks from a topology of layers (NVRx 0.4's ``Tree``).
+
+    Each ``Layer`` groups the ranks by a key (the first layer, the root, has one key for all:
+    the job; a second could be the host name), bounds the active ranks of each group
+    (``max_ranks``), and terminates a group left with fewer healthy ranks than ``min_ranks``.
+    At the first call the ranks are activated depth first while every group above still allows
+    one more; the rest wait as spares. After a fault, each terminated active rank is replaced
+    by the spare made spare last under the nearest groups whose layers are
+    ``LayerFlag.RESERVE``; a gap no spare fills is filled, inside groups whose layers are
+    ``LayerFlag.BACKFILL``, by the active rank with the highest active rank; the gaps left
+    after that are closed by shifting the active ranks down (as ``ShiftRanks``).
+    ``world_size_filter(n)`` may then lower the active world size (the ranks past it become
+    spares).
+
+    Every rank computes the same assignment from the keys exchanged through the store at the
+    first call (one ``set`` per rank and one wait, bounded by ``timeout``). A rank the launcher
+    respawned alone reads the assignment the others last computed from the store.
+    ``Tree`` is used alone, not in a ``Compose`` with other assignments.
+
+    Args:
+        layers: the layers, the root first.
+        world_size_filter: a function of the active world size returning the one wanted (no
+            larger); None keeps it.
+        timeout: how long the first call waits for every rank's keys (not in NVRx; its
+            store's timeout).
+    """
+
+    def __init__(
+        self,
+        layers: list[Layer],
+        world_size_filter: Callable[[int], int] | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.layers = _check_layers(layers)
+        if world_size_filter is not None and not callable(world_size_filter):
+            raise ConfigError(f"Tree(world_size_filter={world_size_filter!r}): not callable")
+        self.world_size_filter = world_size_filter
+        self.timeout = timeout
+        # One Tree per wrapper (it is not composed), so one fixed prefix in the wrapper's store.
+        self.name = "rank_assignment/tree"
+        self._tree: RankTree | None = None
+
+    def _build(self, ctx: RankAssignmentCtx) -> RankTree:
+        state, store = ctx.state, ctx.store
+        mine = {"rank": state.rank, "keys": [_key_of(layer, state) for layer in self.layers]}
+        store.set(f"{self.name}/keys/{state.initial_rank}", json.dumps(mine))
+        names = [f"{self.name}/keys/{r}" for r in range(state.initial_world_size)]
+        _wait_keys(store, names, self.timeout, "the topology keys (by initial rank)")
+        tree = self._shape(store, names, state)
+        misplaced = tree.activate_first()
+        if misplaced and state.rank == 0:
+            log.warning(
+                "rank assignment: the ranks' order does not follow the topology (initial ranks "
+                "%s are not at their depth-first place); ranks are renumbered by the topology "
+                "only after a fault",
+                misplaced,
+            )
+        return tree
+
+    def _shape(self, store: Any, names: list[str], state: State) -> RankTree:
+        """The tree of every rank's keys (their ``set`` is already waited for)."""
+        entries = [json.loads(raw) for raw in store.multi_get(names)]
+        try:
+            return RankTree(
+                self.layers,
+                keys={r: e["keys"] for r, e in enumerate(entries)},
+                ranks={r: e["rank"] for r, e in enumerate(entries)},
+            )
+        except ValueError as exc:
+            raise ConfigError(f"rank assignment Tree, rank {state.rank}: {exc}") from exc
+
+    def _load(self, ctx: RankAssignmentCtx) -> RankTree:
+        """A respawned process: the shape from the keys, the assignment the others computed."""
+        state, store = ctx.state, ctx.store
+        names = [f"{self.name}/keys/{r}" for r in range(state.initial_world_size)]
+        before = "start" if state.iteration == 0 else f"after{state.iteration - 1}"
+        table_key = f"{self.name}/table/{before}"
+        what = "the topology keys (by initial rank) and the others' last assignment"
+        _wait_keys(store, [*names, table_key], self.timeout, what)
+        tree = self._shape(store, names, state)
+        tree.load(json.loads(store.get(table_key)))
+        return tree
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        """Reassign: build the tree at the first call, then apply the terminations."""
+        state = ctx.state
+        this_round = _round(state)
+        if self._tree is None:
+            self._tree = self._build(ctx) if this_round == "start" else self._load(ctx)
+        tree = self._tree
+        try:
+            tree.apply(set(ctx.terminated_ranks), self.world_size_filter)
+        except ValueError as exc:
+            raise ConfigError(f"rank assignment Tree, rank {state.rank}: {exc}") from exc
+        leaf = tree.by_initial[state.initial_rank]
+        if leaf.mode is Mode.TERMINATED or leaf.rank is None:
+            raise RankDiscarded(
+                f"initial rank {state.initial_rank} is discarded by the topology (terminated "
+                f"ranks {sorted(ctx.terminated_ranks)}, or its group fell below its min_ranks)"
+            )
+        if leaf.rank == 0:  # one writer; a respawned rank reads it at the next restart
+            ctx.store.set(f"{self.name}/table/{this_round}", json.dumps(tree.to_json()))
+        state.rank, state.world_size = leaf.rank, tree.world_size
+        state.active_rank, state.mode = leaf.active_rank, leaf.mode
+        state.active_world_size = tree.active_world_size
+        ctx.terminated_ranks = set()
+        return ctx
+
+
+class FilterCountGroupedByKey(RankAssignment):
+    """Terminate every rank of a group whose count of healthy ranks fails ``condition``.
+
+    Each healthy rank adds one to its group's count (groups by ``key_or_fn``); once all have,
+    the ranks of a group whose count fails ``condition(count)`` are added to the terminated
+    ranks, for the next assignment of the ``Compose`` (e.g. ``ShiftRanks``) to discard. As in
+    NVRx: ``Compose(ShiftRanks(), FilterCountGroupedByKey(lambda _: socket.gethostname(),
+    lambda count: count == 8))`` drops every host that lost a rank.
+
+    Args:
+        key_or_fn: the group: a string, or a function of the rank's ``State``.
+        condition: a function of the group's count; False terminates the group's ranks.
+        timeout: how long the ranks wait for each other's counts.
+    """
+
+    _instances = itertools.count()
+
+    def __init__(
+        self,
+        key_or_fn: str | Callable[[State], str],
+        condition: Callable[[int], bool],
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        if not (isinstance(key_or_fn, str) or callable(key_or_fn)):
+            raise ConfigError(f"FilterCountGroupedByKey(key_or_fn={key_or_fn!r}): str or function")
+        if not callable(condition):
+            raise ConfigError(f"FilterCountGroupedByKey(condition={condition!r}): not callable")
+        self.key_or_fn = key_or_fn
+        self.condition = condition
+        self.timeout = timeout
+        # Two in one Compose (a host and a rack filter) need their own keys: numbered in
+        # construction order, the same on every rank.
+        self.name = f"rank_assignment/count{next(FilterCountGroupedByKey._instances)}"
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        """Count this rank in its group, wait for the others, add the failing groups' ranks."""
+        state, store = ctx.state, ctx.store
+        if state.rank in ctx.terminated_ranks:
+            return ctx  # not counted; the next assignment discards it
+        where = f"{self.name}/{_round(state)}"
+        store.set(f"{where}/group/{state.rank}", _key_of(self, state))
+        alive = [r for r in range(state.world_size) if r not in ctx.terminated_ranks]
+        names = [f"{where}/group/{r}" for r in alive]
+        _wait_keys(store, names, self.timeout, "the group keys (by rank)")
+        # Every rank reads every key: each computes the same counts, with no second barrier.
+        groups = {r: raw.decode() for r, raw in zip(alive, store.multi_get(names), strict=True)}
+        sizes: dict[str, int] = {}
+        for group in groups.values():
+            sizes[group] = sizes.get(group, 0) + 1
+        failing = {r for r, g in groups.items() if not self.condition(sizes[g])}
+        if failing and state.rank == min(alive):
+            log.warning(
+                "rank assignment: ranks %s terminated: their groups' counts %s fail the condition",
+                sorted(failing),
+                {g: n for g, n in sizes.items() if any(groups[r] == g for r in failing)},
+            )
+        ctx.terminated_ranks = set(ctx.terminated_ranks) | failing
+        return ctx

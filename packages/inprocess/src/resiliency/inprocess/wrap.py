@@ -142,7 +142,7 @@ class Wrapper:
         _arguments.check_callback("abort", abort, Abort)
         _arguments.check_callback("finalize", finalize, Finalize)
         _arguments.check_callback("health_check", health_check, HealthCheck)
-        _arguments.check_callback("rank_assignment", rank_assignment, RankAssignment)
+        _arguments.check_rank_assignment(rank_assignment)
         if not isinstance(enabled, bool):
             raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
         _arguments.check_repeat_limit(max_repeated_faults)
