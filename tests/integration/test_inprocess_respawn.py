@@ -117,6 +117,32 @@ def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
 
 
 @pytest.mark.slow
+def test_a_rank_holding_the_gil_is_ended_by_its_monitor_process_respawned_and_healed(
+    tmp_path: Path, unbroken: Run
+) -> None:
+    # Rank 2 sleeps in libc with the GIL held: its monitor thread cannot run, only its monitor
+    # process (NVRx's monitor_process_interval) can end it, at hard_timeout.
+    run = launch(
+        tmp_path,
+        *HEAL,
+        "--hang-gil",
+        f"2@{FAULT_STEP}",
+        "--soft",
+        "4",
+        "--hard",
+        "12",
+        launcher_args=RESPAWN_PREIMPORTED,
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert "[inprocess monitor process] rank 2" in run.output, run.output[-8000:]
+    assert "its main thread holds the GIL" in run.output
+    assert "Timeout (0:00:11)!" in run.output  # faulthandler's stack dump, before the kill
+    assert "respawned it alone as pid" in run.output, run.output[-8000:]
+    assert "declared it gone" not in run.output and "not among the survivors" not in run.output
+    assert_respawned_alone_and_healed(run, unbroken)
+
+
+@pytest.mark.slow
 def test_a_rank_stuck_in_its_except_after_the_restart_request_is_respawned_alone(
     tmp_path: Path, unbroken: Run
 ) -> None:

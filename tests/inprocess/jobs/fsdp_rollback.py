@@ -15,8 +15,8 @@ is set, with rank 0's ``step`` events).
 
 Each rank appends JSON lines to OUT/rank<rank>.jsonl: ``start`` (pid, iteration, the step
 resumed from, the steps lost, this rank's shard of the parameters), ``params`` after every
-step, ``closed`` (this process's child processes before and after the manager's close: its
-writer; ``abort``: whether it was ``close(abort=True)``).
+step, ``closed`` (this process's checkpoint writer processes before and after the manager's
+close; ``abort``: whether it was ``close(abort=True)``).
   --raise R@N   rank R raises at the start of step N in iteration 0
   --hang R@N    rank R sleeps in libc (GIL released) at the start of step N in iteration 0,
                 again after every signal that does not raise (a stack dump), until the restart
@@ -59,7 +59,8 @@ def shard(model: torch.nn.Module) -> list[float]:
 
 
 def children() -> list[int]:
-    """Pids of this process's live child processes (the checkpoint writer among them)."""
+    """Pids of this process's live checkpoint writers (its children running the writer's entry;
+    not the Wrapper's monitor process, a child of every rank too)."""
     me, found = os.getpid(), []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -70,7 +71,13 @@ def children() -> list[int]:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == me and fields[0] != "Z":
+        if int(fields[1]) != me or fields[0] == "Z":
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"_writer/__main__.py" in command:
             found.append(int(entry.name))
     return sorted(found)
 

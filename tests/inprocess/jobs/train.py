@@ -11,6 +11,9 @@ Faults (only in the iteration given, so the restart is clean):
   --hang R@N         rank R sleeps in libc (GIL released) at the start of step N
   --hang-masked R@N  the same with the restart signal blocked: it cannot be interrupted (first
                      launcher attempt only)
+  --hang-gil R@N     rank R sleeps in libc holding the GIL at the start of step N: no thread of
+                     its own can run, only its monitor process can end it (first launcher
+                     attempt only)
   --stuck-in-except R@N  rank R sleeps in libc (GIL released) at the start of step N until the
                      restart's RankShouldRestart, catches it and sleeps in libc again in its
                      ``except`` (re-called after any signal): it never comes back to the
@@ -108,6 +111,7 @@ class Job:
         self.raises = parse_faults(args.raise_)
         self.hangs = parse_faults(args.hang)
         self.masked = parse_faults(args.hang_masked)
+        self.gil_hangs = parse_faults(args.hang_gil)
         self.stuck = parse_faults(args.stuck_in_except)
         self.kills = parse_faults(args.kill)
         self.sigterms = parse_faults(args.sigterm)
@@ -141,6 +145,8 @@ class Job:
             ctypes.CDLL(None).sleep(600)
         if first_attempt and self.stuck.get(INITIAL_RANK) == self.step:
             self.stuck_in_except()
+        if first_attempt and self.gil_hangs.get(INITIAL_RANK) == self.step:
+            ctypes.PyDLL(None).sleep(600)  # PyDLL: the GIL stays held during the call
 
     def stuck_in_except(self) -> None:
         """Hang until the restart request, catch it, and block in the handler for good."""
@@ -275,6 +281,7 @@ def main() -> int:
     parser.add_argument("--hang", action="append", default=[])
     parser.add_argument("--hang-masked", action="append", default=[])
     parser.add_argument("--stuck-in-except", action="append", default=[])
+    parser.add_argument("--hang-gil", action="append", default=[])
     parser.add_argument("--init-raise", action="append", default=[])
     parser.add_argument("--unhealthy", type=int, action="append", default=[])
     parser.add_argument("--value-error", action="append", default=[])

@@ -119,6 +119,16 @@ def check_rank_assignment(value: Any) -> None:
         )
 
 
+def check_logfile(value: Any) -> None:
+    """Check ``monitor_process_logfile``: a path (``{rank}`` allowed) or None.
+
+    Raises:
+        ConfigError: another type.
+    """
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"Wrapper(monitor_process_logfile={value!r}): expected a str or None")
+
+
 def check_repeat_limit(value: Any) -> None:
     """Check ``max_repeated_faults``: a positive int, or None / 0 (no limit).
 

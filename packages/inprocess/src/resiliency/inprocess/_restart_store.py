@@ -72,6 +72,15 @@ class RestartStore:
         self.store.set(f"terminated/{initial}", json.dumps({"reason": reason, "time": time.time()}))
         self.store.append("terminated", f"{initial},")
 
+    def leave_job(self, state: Any, exc: BaseException) -> None:
+        """This rank (``state``: its ``State``) stops for good: tell the others before going."""
+        reason = f"{type(exc).__name__}: {exc}"
+        log.error("rank %d: iteration %d: leaving the job: %s", state.rank, state.iteration, reason)
+        try:
+            self.mark_terminated(state.initial_rank, reason)
+        except Exception as store_exc:
+            log.error("rank %d: could not record leaving: %s", state.rank, store_exc)
+
     def terminated(self) -> set[int]:
         """Initial ranks that left the job."""
         return set(self._list("terminated"))

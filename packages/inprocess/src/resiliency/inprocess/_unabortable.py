@@ -19,6 +19,18 @@ from resiliency.inprocess._launcher_contract import UNABORTABLE_DIR_ENV, UNABORT
 log = logging.getLogger(__name__)
 
 
+def respawn_request_path(*, hosting_store: bool) -> Path | None:
+    """Where this process asks the launcher for a respawn alone; None when it cannot.
+
+    None without the launcher's directory (plain ``torchrun``) and for the rank that hosts the
+    Wrapper's store (its death ends the store; ``request_respawn`` says why).
+    """
+    directory = os.environ.get(UNABORTABLE_DIR_ENV)
+    if not directory or hosting_store:
+        return None
+    return Path(directory) / UNABORTABLE_FILE.format(pid=os.getpid())
+
+
 def request_respawn(reason: str, *, hosting_store: bool) -> bool:
     """Tell the launcher that this process terminates itself and should be respawned alone.
 
@@ -42,7 +54,8 @@ def request_respawn(reason: str, *, hosting_store: bool) -> bool:
             "job and the launcher restarts the whole group"
         )
         return False
-    path = Path(directory) / UNABORTABLE_FILE.format(pid=os.getpid())
+    path = respawn_request_path(hosting_store=False)
+    assert path is not None  # the directory is set
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_text(reason)

@@ -36,9 +36,11 @@ from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
 from resiliency.inprocess._monitor import Monitor
+from resiliency.inprocess._monitor_process import MonitorProcess
 from resiliency.inprocess._progress import Progress
 from resiliency.inprocess._restart_report import RestartTimes, report_restart
 from resiliency.inprocess._restart_store import RestartStore, open_store
+from resiliency.inprocess._unabortable import respawn_request_path
 from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_baseline
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
@@ -85,7 +87,8 @@ class Wrapper:
         health_check: after the abort; raising takes the rank out of the job.
         rank_assignment: reassigns ranks after a fault (default: shift ranks down, all active).
         monitor_thread_interval: how often the monitor thread looks for faults.
-        monitor_process_interval: accepted; there is no separate monitor process yet.
+        monitor_process_interval: how often the monitor process checks that the rank's Python
+            threads run (it ends a rank whose main thread holds the GIL past ``hard_timeout``).
         heartbeat_interval: how often a rank bumps its heartbeat counter.
         progress_watchdog_interval: accepted; progress is sampled every monitor interval.
         soft_timeout: no progress for this long: the rank is aborted and restarts.
@@ -96,7 +99,8 @@ class Wrapper:
         completion_timeout: deadline of the barrier after the function returned.
         last_call_wait: accepted; the restart barrier already waits for every rank.
         termination_grace_time: between SIGTERM and SIGKILL of a terminated rank.
-        monitor_process_logfile: accepted with a warning (no monitor process yet).
+        monitor_process_logfile: the monitor process's log (``{rank}`` replaced by the initial
+            rank); None for the rank's stderr.
         enabled: False returns the function unwrapped.
         max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
             attempts in a row fail with the same cause on the same ranks and no progress
@@ -146,11 +150,9 @@ class Wrapper:
         if not isinstance(enabled, bool):
             raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
         _arguments.check_repeat_limit(max_repeated_faults)
-        if monitor_process_logfile is not None:
-            log.warning(
-                "Wrapper(monitor_process_logfile=%r) has no effect: this wrapper runs no "
-                "separate monitor process; its logs go to the rank's own log",
-                monitor_process_logfile,
+        if monitor_process_logfile is not None and not isinstance(monitor_process_logfile, str):
+            raise ConfigError(
+                f"Wrapper(monitor_process_logfile={monitor_process_logfile!r}): a str"
             )
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
@@ -162,6 +164,7 @@ class Wrapper:
         self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
         self.enabled = enabled
         self.max_repeated_faults = max_repeated_faults
+        self.monitor_process_logfile = monitor_process_logfile
 
     def __call__(self, fn: F) -> F:
         """Wrap ``fn``; each call of the result runs the restart loop around it."""
@@ -196,6 +199,7 @@ class CallWrapper:
         self.progress = Progress()
         self.interrupter = Interrupter()
         self._heartbeat: Heartbeat | None = None
+        self._monitor_process: MonitorProcess | None = None
         self._members = list(range(self.state.world_size))
         self._marks = 0  # progress marks of this iteration: ping() and completed atomic()
         self._joining: int | None = None  # the running job's iteration a respawned rank joins
@@ -215,6 +219,12 @@ class CallWrapper:
                 lambda: self.store, self.state.initial_rank, self.timeouts["heartbeat_interval"]
             )
             self._heartbeat.start()
+            self._monitor_process = MonitorProcess(
+                rank=self.state.initial_rank,
+                timeouts=self.timeouts,
+                respawn_request=respawn_request_path(hosting_store=self._hosting),
+                logfile=wrapper.monitor_process_logfile,
+            )
             # A process the launcher respawned joins the running job (its start barrier is long
             # passed); the heartbeat first, so the others never see this rank silent.
             self._joining = _rejoin.joining(self.store)
@@ -246,6 +256,8 @@ class CallWrapper:
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.stop(self.timeouts["heartbeat_interval"] + 1.0)
+            if self._monitor_process is not None:
+                self._monitor_process.close()
             self.interrupter.close()
             self._fence.open()
 
@@ -370,26 +382,12 @@ class CallWrapper:
         except RankShouldRestart as exc:
             return exc, None
         except _TERMINAL as exc:
-            self._leave_job(exc)
+            self.store.leave_job(self.state, exc)
             raise
         except Exception as exc:
             return exc, None
         finally:
             monitor.stop()
-
-    def _leave_job(self, exc: BaseException) -> None:
-        """This rank stops for good: tell the others before going."""
-        reason = f"{type(exc).__name__}: {exc}"
-        log.error(
-            "rank %d: iteration %d: leaving the job: %s",
-            self.state.rank,
-            self.state.iteration,
-            reason,
-        )
-        try:
-            self.store.mark_terminated(self.state.initial_rank, reason)
-        except Exception as store_exc:
-            log.error("rank %d: could not record leaving: %s", self.state.rank, store_exc)
 
     def _restart(self, exc: BaseException) -> None:
         state = self.state
@@ -441,7 +439,7 @@ class CallWrapper:
                         f"{type(health_exc).__name__}: {health_exc}"
                     ) from health_exc
         except (*_TERMINAL, Exception) as terminal:
-            self._leave_job(terminal)
+            self.store.leave_job(self.state, terminal)
             raise
         now = time.monotonic()
         self._meet(it, exc, RestartTimes(started, aborted, now, now, now))
@@ -465,7 +463,7 @@ class CallWrapper:
                 f"initial rank {state.initial_rank} is not among the survivors {survivors} of "
                 f"iteration {it} (it was reported gone)"
             )
-            self._leave_job(discarded)
+            self.store.leave_job(self.state, discarded)
             raise discarded
         try:
             _stop_rule.check(
@@ -475,7 +473,7 @@ class CallWrapper:
                 limit=self.wrapper.max_repeated_faults,
             )
         except RepeatedFaultError as repeated:
-            self._leave_job(repeated)
+            self.store.leave_job(self.state, repeated)
             raise
         met = time.monotonic()
         if exc is not None:

@@ -1,0 +1,116 @@
+"""The rank's side of its monitor process: a beat thread and the process that watches it.
+
+NVRx runs a monitor process beside each rank, for the hang no thread of the rank can end: a main
+thread stuck in a C call that holds the GIL. The monitor thread cannot run then, and no signal
+handler either (CPython runs them on the main thread). Here a small thread writes one byte to a
+pipe every ``monitor_process_interval``; it can only do so while the GIL is free. The monitor
+process (``_monitor_process_main``, standard library only: a few milliseconds to start) ends
+the rank once the beats stop for ``hard_timeout``: under ``ft-launcher --ft-inprocess-respawn``
+it first writes the launcher's respawn request, so the rank is respawned alone and healed like a
+SIGKILLed one. Just before, ``faulthandler``'s own C watchdog thread (re-armed at every beat,
+and able to run without the GIL) dumps every thread's stack to stderr: where it hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: The monitor process's entry, run by its path (see its docstring).
+ENTRY = Path(__file__).with_name("_monitor_process_main.py")
+
+
+class MonitorProcess:
+    """Start the monitor process and the beat thread; ``close()`` ends both.
+
+    Args:
+        rank: the rank, for the monitor process's messages.
+        timeouts: the Wrapper's, in seconds: ``monitor_process_interval`` between beats,
+            ``hard_timeout`` without one before the rank is ended, ``termination_grace_time``
+            between its SIGTERM and SIGKILL.
+        respawn_request: where the launcher expects a respawn request, or None.
+        logfile: the Wrapper's ``monitor_process_logfile`` (``{rank}`` replaced), or None for
+            the rank's stderr.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        timeouts: dict[str, float],
+        respawn_request: Path | None,
+        logfile: str | None,
+    ) -> None:
+        interval, limit = timeouts["monitor_process_interval"], timeouts["hard_timeout"]
+        grace = timeouts["termination_grace_time"]
+        self.interval = interval
+        # The stack dump comes a little before the kill, which the monitor process sends on its
+        # first check past the limit.
+        self._dump_after = max(limit - min(interval, 1.0), interval)
+        read_end, self._write_end = os.pipe()
+        os.set_blocking(self._write_end, False)
+        try:
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ENTRY),
+                    str(read_end),
+                    str(os.getpid()),
+                    str(rank),
+                    f"{interval:g}",
+                    f"{limit:g}",
+                    f"{grace:g}",
+                    "-" if respawn_request is None else str(respawn_request),
+                    "-" if logfile is None else logfile.replace("{rank}", str(rank)),
+                ],
+                pass_fds=[read_end],
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._halt = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"inprocess-monitor-process-beat-{rank}", daemon=True
+        )
+        self._thread.start()
+        log.debug("rank %d: monitor process started (pid %d)", rank, self._proc.pid)
+
+    def _beat(self) -> None:
+        while not self._halt.is_set():
+            faulthandler.dump_traceback_later(self._dump_after, exit=False)
+            try:
+                os.write(self._write_end, b".")
+            except BlockingIOError:
+                pass  # the pipe is full of unread beats: the monitor process has plenty
+            except OSError as exc:  # it is gone: nothing watches this rank for GIL hangs now
+                log.error(
+                    "the in-process monitor process is gone (%s); GIL hangs go unwatched", exc
+                )
+                return
+            self._halt.wait(self.interval)
+
+    def close(self) -> None:
+        """Stop beating and let the monitor process end (the pipe's EOF)."""
+        self._halt.set()
+        self._thread.join(self.interval + 1.0)
+        faulthandler.cancel_dump_traceback_later()
+        os.close(self._write_end)
+        try:
+            self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            log.error("the in-process monitor process %d did not end; killing it", self._proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            self._proc.wait(timeout=5.0)
