@@ -224,7 +224,10 @@ def test_a_rank_that_never_comes_is_named_when_the_wait_ends() -> None:
         initial_world_size=2,
     )  # fmt: skip
     tree = Tree([Layer()], timeout=timedelta(seconds=0.5))
-    with pytest.raises(TimeoutError, match=r"topology keys \(by initial rank\); still missing: 1;"):
+    with pytest.raises(
+        inprocess.exception.TimeoutError,
+        match=r"topology keys \(by initial rank\); still missing: 1;",
+    ):
         tree(RankAssignmentCtx(state, store, set()))
 
 

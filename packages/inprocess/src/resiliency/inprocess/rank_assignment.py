@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from resiliency.inprocess import exception
 from resiliency.inprocess._rank_tree import Layer, LayerFlag, RankTree
 from resiliency.inprocess.exception import ConfigError, RestartError
 from resiliency.inprocess.state import Mode, State
@@ -201,7 +202,7 @@ def _wait_keys(store: Any, keys: list[str], timeout: timedelta, what: str) -> No
         store.wait(keys, timeout)
     except Exception as exc:  # torch raises DistStoreError (a RuntimeError) or its own timeout
         missing = ", ".join(k.rsplit("/", 1)[-1] for k in keys if not store.check([k]))
-        raise TimeoutError(
+        raise exception.TimeoutError(
             f"rank assignment: waited {timeout.total_seconds():.1f} s for {what}; still missing: "
             f"{missing}; are those ranks alive and calling the same rank_assignment? ({exc})"
         ) from exc
