@@ -92,6 +92,11 @@ COPIES = [
         "resiliency.inprocess._launcher_contract:UNABORTABLE_FILE",
     ),
     (
+        "the port of the Wrapper's store the launcher hosts",
+        "resiliency.launcher._contracts:INPROCESS_STORE_PORT_ENV",
+        "resiliency.inprocess._launcher_contract:STORE_PORT_ENV",
+    ),
+    (
         "a node's id for the supervisor",
         "resiliency.launcher._contracts:NODE_ID_ENV",
         "resiliency.supervisor:NODE_ID_ENV",

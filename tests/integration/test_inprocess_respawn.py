@@ -37,6 +37,7 @@ from inprocess_harness import (
     PREIMPORTED_FLAGS,
     FtLauncher,
     Run,
+    free_port_pair,
     unbroken_params_at,
 )
 
@@ -172,13 +173,26 @@ def test_a_rank_stuck_in_its_except_after_the_restart_request_is_respawned_alone
 
 
 @pytest.mark.slow
+def test_a_sigkilled_rank_0_is_respawned_alone_too(tmp_path: Path, unbroken: Run) -> None:
+    """The launcher of node 0 hosts the Wrapper's store, so rank 0's death does not end it."""
+    run = launch(tmp_path, *HEAL, "--kill", f"0@{FAULT_STEP}", launcher_args=RESPAWN_PREIMPORTED)
+    assert run.returncode == 0, run.output[-8000:]
+    assert "hosting the in-process restart store at" in run.output
+    assert "rank 0 (local rank 0, pid" in run.output and "respawned it alone" in run.output
+    assert_respawned_alone_and_healed(run, unbroken, dead=0)
+
+
+@pytest.mark.slow
 def test_the_rank_hosting_the_store_that_cannot_be_aborted_restarts_the_whole_group(
     tmp_path: Path,
 ) -> None:
-    """Rank 0 hosts the Wrapper's store, which ends with it: no respawn alone is asked for."""
+    """With an explicit store port (``store_kwargs``) rank 0 hosts the Wrapper's store, which
+    ends with it: no respawn alone is asked for."""
     run = launch(
         tmp_path,
         *HEAL,
+        "--store-port",
+        str(free_port_pair()),
         "--hang-masked",
         f"0@{FAULT_STEP}",
         "--soft",
@@ -220,23 +234,23 @@ def assert_new_processes_everywhere_and_done(run: Run) -> None:
     assert len([r for r in run.records if r["event"] == "done"]) == NPROC
 
 
-def assert_respawned_alone_and_healed(run: Run, unbroken: Run) -> None:
-    """Rank 2 is a new process, the others kept theirs, and everyone resumed at the fault's
-    step with the unbroken run's parameters and ended like it."""
+def assert_respawned_alone_and_healed(run: Run, unbroken: Run, dead: int = 2) -> None:
+    """Rank ``dead`` is a new process, the others kept theirs, and everyone resumed at the
+    fault's step with the unbroken run's parameters and ended like it."""
     first = {s["rank"]: s["pid"] for s in run.starts(0)}
     again = {s["rank"]: s for s in run.starts(1)}
     assert sorted(again) == list(range(NPROC)), run.output[-6000:]
-    # the survivors kept their processes; rank 2 is a new one
-    for rank in (0, 1, 3):
+    # the survivors kept their processes; the dead rank is a new one
+    for rank in set(range(NPROC)) - {dead}:
         assert again[rank]["pid"] == first[rank], f"rank {rank} was restarted by the launcher"
-    assert again[2]["pid"] != first[2]
+    assert again[dead]["pid"] != first[dead]
     assert "restarting the worker group" not in run.output
     assert "joined the running job" in run.output
     # one step for every rank, no step lost: the survivors were at step 5 when rank 2 died
     assert {s["step"] for s in again.values()} == {FAULT_STEP}
     heals = {r["rank"]: r for r in run.records if r["event"] == "heal" and r["iteration"] == 1}
-    assert heals[2]["healed"] and heals[2]["source"] in {0, 1, 3}
-    assert heals[2]["previous_step"] == 0  # a new process: its own initial state, healed
+    assert heals[dead]["healed"] and heals[dead]["source"] in set(range(NPROC)) - {dead}
+    assert heals[dead]["previous_step"] == 0  # a new process: its own initial state, healed
     assert all(h["lost_steps"] == 0 for h in heals.values())
     expected = unbroken_params_at(unbroken, FAULT_STEP)
     for rank, start in again.items():

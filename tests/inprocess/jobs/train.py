@@ -47,6 +47,9 @@ previous iteration's DDP model and process group were freed (weak references) by
 ``--tree-hosts K``: ``rank_assignment=Tree(...)`` over "hosts" of K consecutive ranks with at
 most one active rank per host, the others spares (NVRx's ``Tree``/``Layer``/``LayerFlag``).
 
+``--store-port P``: ``store_kwargs={"port": P}``: rank 0 hosts the Wrapper's store there (even
+under ft-launcher --ft-inprocess-respawn, whose launcher otherwise hosts it).
+
 ``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
@@ -299,6 +302,7 @@ def main() -> int:
     parser.add_argument("--check-freed", action="store_true")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     parser.add_argument("--tree-hosts", type=int, default=0)
+    parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     args = parser.parse_args()
     if args.log_info:
@@ -319,6 +323,7 @@ def main() -> int:
         termination_grace_time=timedelta(seconds=2),
         max_repeated_faults=args.max_repeated or None,
         rank_assignment=tree(args.tree_hosts) if args.tree_hosts else None,
+        store_kwargs={"port": args.store_port} if args.store_port else None,
     )
     final = wrapper(job.train)()
     job.record(event="done", step=job.step, params=final)

@@ -42,6 +42,11 @@ INPROCESS_REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
 INPROCESS_UNABORTABLE_DIR_ENV = "RESILIENCY_INPROCESS_UNABORTABLE_DIR"
 #: The file's name in that directory; its content is the Wrapper's reason.
 INPROCESS_UNABORTABLE_FILE = "unabortable-{pid}"
+#: Set in every worker's environment under --ft-inprocess-respawn: the port of the TCPStore the
+#: launcher of node 0 hosts for the Wrapper (at ``MASTER_ADDR``) for the whole rendezvous round,
+#: instead of rank 0 at ``MASTER_PORT + 1``: the store then outlives any rank, so rank 0 too
+#: can be respawned alone.
+INPROCESS_STORE_PORT_ENV = "RESILIENCY_INPROCESS_STORE_PORT"
 
 # --- with resiliency-supervisor (an extra) --------------------------------------------------
 #: This node's id for the supervisor when ``--node-id`` is not given (else the host name).

@@ -29,7 +29,10 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+
+from torch.distributed import Store
 
 from resiliency.launcher._agent_settings import AgentSettings
 from resiliency.launcher._contracts import (
@@ -38,6 +41,7 @@ from resiliency.launcher._contracts import (
     INPROCESS_UNABORTABLE_FILE,
 )
 from resiliency.launcher._cycle import Cycle
+from resiliency.launcher._inprocess_store import InprocessStoreHost
 from resiliency.launcher._monitors import MonitorSet
 from resiliency.launcher._startup_watch import StartupWatch
 from resiliency.launcher._torch_compat import CompatAgent
@@ -136,6 +140,8 @@ class Respawner:
         self._pending: dict[int, _Pending] = {}
         self._fell_back = False
         self.respawns = 0
+        # The Wrapper's store outlives every rank (rank 0 too) when this launcher hosts it.
+        self._store_host = InprocessStoreHost(timedelta(seconds=max(timeout, 300.0)))
 
     @classmethod
     def of(
@@ -195,11 +201,20 @@ class Respawner:
                 charged += 1
         return charged
 
+    def next_round(self, round_store: Store, group_rank: int, master_addr: str) -> None:
+        """Host (node 0) or find this round's Wrapper store; nothing when the flag is off."""
+        if self.enabled:
+            self._store_host.next_round(round_store, group_rank, master_addr)
+
     def worker_env(self) -> dict[str, str]:
-        """What every worker gets: where its Wrapper asks for a respawn (empty when off)."""
+        """What every worker gets: where its Wrapper asks for a respawn and the port of the
+        Wrapper's store (empty when off)."""
         if not self.enabled:
             return {}
-        return {INPROCESS_UNABORTABLE_DIR_ENV: str(self._monitors.directory)}
+        return {
+            INPROCESS_UNABORTABLE_DIR_ENV: str(self._monitors.directory),
+            **self._store_host.worker_env(),
+        }
 
     def _unabortable(self, pid: int | None, code: int) -> bool:
         """Whether a worker that died of SIGTERM (or of the SIGKILL after its grace time) was

@@ -167,6 +167,7 @@ class FtElasticAgent(CompatAgent):
             exchange=exchange_store_for(store, rank, backend),
         )
         self._watcher = RoundWatcher(self._shared).start()
+        self._respawner.next_round(store, rank, worker_group.master_addr or "127.0.0.1")
         self._published_failure = False
         self._job = None
         if self._shared.world > 1 and self._settings.ft_cfg.enable_stack_dump:

@@ -18,3 +18,7 @@ REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
 UNABORTABLE_DIR_ENV = "RESILIENCY_INPROCESS_UNABORTABLE_DIR"
 #: The file's name in that directory; its content is the reason, for the launcher's log.
 UNABORTABLE_FILE = "unabortable-{pid}"
+#: Set in every worker's environment under ``--ft-inprocess-respawn``: the port of the store the
+#: launcher of node 0 hosts at ``MASTER_ADDR`` for the Wrapper (its default store connects there
+#: instead of rank 0 hosting one at ``MASTER_PORT + 1``), so the store outlives every rank.
+STORE_PORT_ENV = "RESILIENCY_INPROCESS_STORE_PORT"

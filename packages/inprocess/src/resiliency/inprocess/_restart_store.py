@@ -32,6 +32,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from resiliency.inprocess._launcher_contract import STORE_PORT_ENV
 from resiliency.inprocess.exception import ConfigError, InternalError
 
 log = logging.getLogger(__name__)
@@ -203,8 +204,10 @@ def open_store(
     world_size: int,
     timeout: float,
 ) -> tuple[dist.Store, set[int], bool]:
-    """Open the wrapper's store: the user's ``store_factory(**kwargs)``, else a TCPStore hosted
-    by rank 0 at ``MASTER_ADDR:MASTER_PORT+1`` (NVRx's choice).
+    """Open the wrapper's store: the user's ``store_factory(**kwargs)``; else, under
+    ``ft-launcher --ft-inprocess-respawn``, the TCPStore node 0's launcher hosts (its port in
+    ``STORE_PORT_ENV``); else a TCPStore hosted by rank 0 at ``MASTER_ADDR:MASTER_PORT+1``
+    (NVRx's choice). ``store_kwargs``' ``port`` or ``host_name`` always wins.
 
     Returns:
         The store, the ports its connections use (their sockets survive an abort), and whether
@@ -219,8 +222,19 @@ def open_store(
         port = getattr(store, "port", None)
         return store, {port} if isinstance(port, int) else set(), False
     host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    hosted_by_launcher = os.environ.get(STORE_PORT_ENV, "")
     if "port" in kwargs:
         port = int(kwargs["port"])
+    elif hosted_by_launcher.isdigit() and "host_name" not in kwargs:
+        # ft-launcher --ft-inprocess-respawn hosts it on node 0: it outlives every rank.
+        store = connect(
+            host,
+            int(hosted_by_launcher),
+            is_master=False,
+            world_size=world_size,
+            timeout=kwargs.get("timeout", timedelta(seconds=timeout)),
+        )
+        return store, {int(hosted_by_launcher)}, False
     elif os.environ.get("MASTER_PORT", "").isdigit():
         port = int(os.environ["MASTER_PORT"]) + 1
     else:
