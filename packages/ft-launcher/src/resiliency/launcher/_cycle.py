@@ -43,6 +43,7 @@ class Cycle:
         signalled: local ranks the launcher itself stopped while they ran (torch's context
             after another rank failed, or a restart), and when (monotonic seconds).
         dead_monitors: local ranks whose rank monitor died in this cycle.
+        exits_seen: worker pids whose exit already woke the monitoring loop early.
     """
 
     diagnosis: HangDiagnosis
@@ -56,6 +57,7 @@ class Cycle:
     oom_at_start: int | None = field(default_factory=oom_kill_count)
     signalled: dict[int, float] = field(default_factory=dict)
     dead_monitors: list[int] = field(default_factory=list)
+    exits_seen: set[int] = field(default_factory=set)
 
     def monitor_died(self, local_rank: int, cause: str) -> None:
         """The rank monitor of ``local_rank`` died: a cause of the cycle's failure."""

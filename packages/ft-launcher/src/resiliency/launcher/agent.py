@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from typing import Any, cast
 
 from torch.distributed import Store
@@ -54,6 +53,7 @@ from resiliency.launcher._startup_watch import StartupWatch
 from resiliency.launcher._store_host_lost import nodes_waiting
 from resiliency.launcher._supervision import NodeView, Supervision, SupervisorRequest
 from resiliency.launcher._torch_compat import CompatAgent, worker_handler_factory
+from resiliency.launcher._worker_exit import sleep_until_an_exit
 from resiliency.launcher._worker_groups import WorkerProcessGroups
 from resiliency.launcher._workload_control import (
     exclude_this_node,
@@ -327,7 +327,7 @@ class FtElasticAgent(CompatAgent):
         spec = group.spec
         self.initialize_workers()
         while True:
-            time.sleep(spec.monitor_interval)
+            sleep_until_an_exit(self._cycle, spec.monitor_interval)
             result, state = self._look(group)
             if self.supervision is not None and (asked := self.supervision.take_request()):
                 result, state = self._follow_supervisor(asked, result, state)
