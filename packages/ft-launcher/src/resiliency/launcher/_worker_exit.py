@@ -16,12 +16,27 @@ import logging
 import os
 import select
 import time
+from pathlib import Path
 
 from resiliency.launcher._cycle import Cycle
 
 __all__ = ["sleep_until_an_exit"]
 
 logger = logging.getLogger(__name__)
+
+
+#: How often to look whether another parent reaped an exited worker (a few ms at most).
+_REAP_POLL_S = 0.002
+
+
+def _reaped_or_ours(pid: int) -> bool:
+    """Whether ``pid`` is gone (reaped), or a zombie this process must reap itself."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # "pid (comm) state ppid ...": comm may hold spaces, so split after its last ')'
+    return int(stat[stat.rindex(")") + 2 :].split()[1]) == os.getpid()
 
 
 def sleep_until_an_exit(cycle: Cycle, timeout: float) -> None:
@@ -41,8 +56,16 @@ def sleep_until_an_exit(cycle: Cycle, timeout: float) -> None:
         if not fds:
             time.sleep(timeout)
             return
+        started = time.monotonic()
         ready, _, _ = select.select(list(fds), [], [], timeout)
-        cycle.exits_seen.update(fds[fd] for fd in ready)
+        exited = [fds[fd] for fd in ready]
+        cycle.exits_seen.update(exited)
+        # A worker forked by the pre-imported server is that server's child: the agent learns
+        # its exit code only once the server has reaped it. Looking before would see it still
+        # running and then sleep a whole interval.
+        deadline = started + timeout
+        while not all(_reaped_or_ours(pid) for pid in exited) and time.monotonic() < deadline:
+            time.sleep(_REAP_POLL_S)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
