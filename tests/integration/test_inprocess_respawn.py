@@ -42,6 +42,9 @@ from inprocess_harness import (
 )
 
 HEAL = ("--heal", "--momentum", "0.9")
+# The Wrapper's soft and hard timeouts for the ranks that cannot be aborted: short, so the
+# termination comes within seconds (and long before heartbeat_timeout, 20 s).
+SHORT_TIMEOUTS = ("--soft", "4", "--hard", "12")
 # Respawn alone, forked from the pre-imported server, as the documented mode runs it. The
 # whole-group restarts use it too: a rank forked from it costs ~1 s of CPU, a new interpreter
 # ~3 s (issue 31).
@@ -101,10 +104,7 @@ def test_a_rank_that_cannot_be_aborted_is_terminated_respawned_alone_and_healed(
         *HEAL,
         "--hang-masked",
         f"2@{FAULT_STEP}",
-        "--soft",
-        "4",
-        "--hard",
-        "12",
+        *SHORT_TIMEOUTS,
         launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
@@ -128,10 +128,7 @@ def test_a_rank_holding_the_gil_is_ended_by_its_monitor_process_respawned_and_he
         *HEAL,
         "--hang-gil",
         f"2@{FAULT_STEP}",
-        "--soft",
-        "4",
-        "--hard",
-        "12",
+        *SHORT_TIMEOUTS,
         launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
@@ -154,10 +151,7 @@ def test_a_rank_stuck_in_its_except_after_the_restart_request_is_respawned_alone
         *HEAL,
         "--stuck-in-except",
         f"2@{FAULT_STEP}",
-        "--soft",
-        "4",
-        "--hard",
-        "12",
+        *SHORT_TIMEOUTS,
         launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
@@ -195,10 +189,7 @@ def test_the_rank_hosting_the_store_that_cannot_be_aborted_restarts_the_whole_gr
         str(free_port_pair()),
         "--hang-masked",
         f"0@{FAULT_STEP}",
-        "--soft",
-        "4",
-        "--hard",
-        "12",
+        *SHORT_TIMEOUTS,
         launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
