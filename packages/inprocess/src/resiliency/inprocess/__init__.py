@@ -10,6 +10,7 @@ from resiliency.inprocess import (
     finalize,
     health_check,
     initialize,
+    nested_restarter,
     rank_assignment,
     state,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "finalize",
     "health_check",
     "initialize",
+    "nested_restarter",
     "rank_assignment",
     "state",
 ]
