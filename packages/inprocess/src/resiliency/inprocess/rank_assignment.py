@@ -12,6 +12,7 @@ which ranks are active; put them after (left of, in ``Compose``) the ones that r
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import itertools
 import json
@@ -391,9 +392,7 @@ class FilterCountGroupedByKey(RankAssignment):
         _wait_keys(store, names, self.timeout, "the group keys (by rank)")
         # Every rank reads every key: each computes the same counts, with no second barrier.
         groups = {r: raw.decode() for r, raw in zip(alive, store.multi_get(names), strict=True)}
-        sizes: dict[str, int] = {}
-        for group in groups.values():
-            sizes[group] = sizes.get(group, 0) + 1
+        sizes = collections.Counter(groups.values())
         failing = {r for r, g in groups.items() if not self.condition(sizes[g])}
         if failing and state.rank == min(alive):
             log.warning(
