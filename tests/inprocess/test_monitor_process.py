@@ -10,6 +10,7 @@ tests/integration/test_inprocess_respawn.py.
 from __future__ import annotations
 
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-ENTRY = (
-    Path(__file__).parents[2]
-    / "packages/inprocess/src/resiliency/inprocess/_monitor_process_main.py"
-)
+from resiliency.inprocess import _monitor_process
+from resiliency.inprocess._monitor_process import MonitorProcess
+
+ENTRY = _monitor_process.ENTRY
 DEADLINE_S = 60.0
 
 RANK = textwrap.dedent(
@@ -127,3 +128,21 @@ def test_bad_arguments_print_the_usage() -> None:
         check=False,
     )
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_the_stop_byte_is_the_same_on_both_sides() -> None:
+    entry = runpy.run_path(str(ENTRY), run_name="not_main")  # defines, runs nothing
+    assert entry["_STOP"] == _monitor_process.STOP
+
+
+def test_close_ends_the_monitor_process_even_when_a_forked_child_holds_the_pipe() -> None:
+    timeouts = {"monitor_process_interval": 0.1, "hard_timeout": 60.0, "termination_grace_time": 1}
+    monitor = MonitorProcess(rank=0, timeouts=timeouts, respawn_request=None, logfile=None)
+    # a child that inherited the write end, as a DataLoader worker forked by the rank would
+    holder = subprocess.Popen(["sleep", "600"], pass_fds=[monitor._write_end])
+    try:
+        monitor.close()
+        assert monitor._proc.returncode == 0  # it ended on its own: close() killed nothing
+    finally:
+        holder.kill()
+        holder.wait(timeout=DEADLINE_S)

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 #: The monitor process's entry, run by its path (see its docstring).
 ENTRY = Path(__file__).with_name("_monitor_process_main.py")
+#: The last byte a rank writes: its wrapped call is over (the entry's ``_STOP``; the entry
+#: imports nothing of this package, so the byte is written out on both sides and
+#: tests/inprocess/test_monitor_process.py holds them together).
+STOP = b"x"
 
 
 class MonitorProcess:
@@ -106,6 +110,10 @@ class MonitorProcess:
         self._halt.set()
         self._thread.join(self.interval + 1.0)
         faulthandler.cancel_dump_traceback_later()
+        try:
+            os.write(self._write_end, STOP)  # not only EOF: a forked child may hold the pipe
+        except OSError as exc:  # full of beats (it reads them first) or gone: EOF still ends it
+            log.debug("could not send the monitor process its stop byte: %s", exc)
         os.close(self._write_end)
         try:
             self._proc.wait(timeout=5.0)

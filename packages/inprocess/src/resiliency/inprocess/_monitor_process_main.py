@@ -23,6 +23,9 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
+#: The rank's last byte: its wrapped call is over. The pipe's end alone would not do: a process
+#: the rank forked meanwhile (a DataLoader worker) holds a copy of the write end.
+_STOP = b"x"
 
 
 def _die_with(parent: int) -> None:
@@ -98,8 +101,9 @@ def _main(argv: list[str]) -> int:
     while True:
         readable, _, _ = select.select([fd], [], [], interval)
         if readable:
-            if not os.read(fd, 4096):
-                return 0  # the rank closed the pipe: its wrapped call is over
+            data = os.read(fd, 4096)
+            if not data or _STOP in data:
+                return 0  # the wrapped call is over (a stop byte, or the pipe closed)
             last = time.monotonic()
             continue
         silent = time.monotonic() - last
