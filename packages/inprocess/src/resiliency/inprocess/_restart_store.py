@@ -223,18 +223,12 @@ def open_store(
         return store, {port} if isinstance(port, int) else set(), False
     host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
     hosted_by_launcher = os.environ.get(STORE_PORT_ENV, "")
+    hosting = rank == 0
     if "port" in kwargs:
         port = int(kwargs["port"])
     elif hosted_by_launcher.isdigit() and "host_name" not in kwargs:
         # ft-launcher --ft-inprocess-respawn hosts it on node 0: it outlives every rank.
-        store = connect(
-            host,
-            int(hosted_by_launcher),
-            is_master=False,
-            world_size=world_size,
-            timeout=kwargs.get("timeout", timedelta(seconds=timeout)),
-        )
-        return store, {int(hosted_by_launcher)}, False
+        port, hosting = int(hosted_by_launcher), False
     elif os.environ.get("MASTER_PORT", "").isdigit():
         port = int(os.environ["MASTER_PORT"]) + 1
     else:
@@ -242,7 +236,6 @@ def open_store(
             "resiliency.inprocess: MASTER_PORT is not set: pass store_kwargs={'port': ...} "
             "or start the job with torchrun"
         )
-    hosting = rank == 0
     store = connect(
         host,
         port,
