@@ -4,7 +4,11 @@ then every failed test pytest named, by session.
     nox 2>&1 | python3 .ci/session_times.py
 
 A session's time runs from nox's "Running session NAME" line to its "Session NAME ..." verdict,
-installs included. The failures are repeated at the end because a CI log is often read from its
+installs included. Sessions run by the ``suite`` session (tools/nox_lanes.py: two lanes at once,
+each session's output printed when it ends) take their time from its "suite > NAME VERDICT in
+N s" line instead; the session that ran them is listed apart, and its time is the suite's wall.
+
+The failures are repeated at the end because a CI log is often read from its
 tail only: a session's ``FAILED``/``ERROR`` summary lines are otherwise buried under the output
 of every session that ran after it.
 """
@@ -17,6 +21,10 @@ import time
 
 RUNNING = re.compile(r"^nox > Running session (?P<name>\S+)")
 VERDICT = re.compile(r"^nox > Session (?P<name>\S+) (?P<verdict>was successful|failed|skipped)")
+# tools/nox_lanes.py's verdict on a session it ran: "suite > NAME passed in 12.3 s (lane 1)".
+LANE_VERDICT = re.compile(
+    r"^suite > (?P<name>\S+) (?P<verdict>passed|failed.*|timed out.*) in (?P<took>[\d.]+) s \(lane"
+)
 # pytest's short test summary: "FAILED tests/x.py::test_y - AssertionError: ..." (and ERROR).
 FAILED_TEST = re.compile(r"^(FAILED|ERROR) \S")
 MAX_LINE = 400  # a summary line can hold a whole assertion message: its head names the failure
@@ -24,7 +32,8 @@ MAX_LINE = 400  # a summary line can hold a whole assertion message: its head na
 
 def main() -> None:
     started: dict[str, float] = {}
-    rows: list[tuple[float, str, str]] = []
+    rows: dict[str, tuple[float, str]] = {}
+    runners: set[str] = set()  # sessions that ran others (the suite)
     failures: dict[str, list[str]] = {}
     current = "(before any session)"
     for line in sys.stdin:
@@ -36,16 +45,26 @@ def main() -> None:
             current = match["name"]
         elif FAILED_TEST.match(line):
             failures.setdefault(current, []).append(line.rstrip("\n")[:MAX_LINE])
+        elif match := LANE_VERDICT.match(line):
+            rows[match["name"]] = (float(match["took"]), match["verdict"])
+            runners.update(n for n in started if n != match["name"])
         elif (match := VERDICT.match(line)) and match["name"] in started:
-            rows.append((now - started.pop(match["name"]), match["name"], match["verdict"]))
+            took = now - started.pop(match["name"])
+            if match["name"] not in rows or match["name"] in runners:
+                rows[match["name"]] = (took, match["verdict"])
     # A session cut off (nox killed, a README command failing mid-session) has no verdict line.
     end = time.monotonic()
-    rows += [(end - t0, name, "ended without a verdict") for name, t0 in started.items()]
+    for name, t0 in started.items():
+        rows.setdefault(name, (end - t0, "ended without a verdict"))
     if rows:
         print("\nsession times, slowest first:")
-        for took, name, verdict in sorted(rows, reverse=True):
+        timed = sorted(((t, n, v) for n, (t, v) in rows.items() if n not in runners), reverse=True)
+        for took, name, verdict in timed:
             print(f"  {took:7.1f} s  {name:<24} {verdict}")
-        print(f"  {sum(r[0] for r in rows):7.1f} s  in all")
+        print(f"  {sum(r[0] for r in timed):7.1f} s  in all")
+        for name in sorted(runners & rows.keys()):
+            took, verdict = rows[name]
+            print(f"  {took:7.1f} s  {name:<24} {verdict} (wall time; it ran the sessions above)")
     if failures:
         print("\nfailed tests, by session:")
         for name, lines in failures.items():

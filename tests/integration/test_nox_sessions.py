@@ -25,6 +25,9 @@ SECOND_RUNS = {
     "integration": "OPTIONAL_DEPENDENCY_TESTS",
     "ptl_standalone": "PTL_STANDALONE_TESTS",
 }
+# The default session that runs other sessions, two lanes at once, and the tuple naming them.
+SUITE = "suite"
+SUITE_LANES = "SUITE_LANES"
 
 
 class NoxfileShapeError(ValueError):
@@ -126,6 +129,13 @@ def read_noxfile(source: str) -> tuple[list[str], dict[str, list[str]], dict[str
                 sessions[node.name] = args
     if not defaults:
         raise NoxfileShapeError("noxfile.py: no `nox.options.sessions = [...]` found")
+    if SUITE in defaults:
+        # `suite` runs the sessions of its lanes (tools/nox_lanes.py): those are the defaults.
+        if SUITE_LANES not in consts:
+            raise NoxfileShapeError(
+                f"noxfile.py: `{SUITE}` is a default but {SUITE_LANES} is missing"
+            )
+        defaults = [d for d in defaults if d != SUITE] + consts[SUITE_LANES]
     return defaults, sessions, consts
 
 
@@ -193,6 +203,7 @@ def test_the_reader_sees_the_sessions_it_is_meant_to_check() -> None:
 
 SYNTHETIC = """
 import nox
+SUITE_LANES = (("a",), ("b",))
 nox.options.sessions = ["a", "b", "extra"]
 TWICE = ("tests/a/test_one.py",)
 OPTIONAL_DEPENDENCY_TESTS = ("tests/a/test_two.py",)
@@ -228,6 +239,8 @@ def extra(session):
         ),
         # integration declares test_two.py: a second run with a reason is fine.
         (("tests/a/test_one.py",), '"a", "b", "integration"', []),
+        # `suite` stands for its lanes' sessions: a and b, so test_one.py runs twice.
+        ((), '"suite"', ["tests/a/test_one.py: run by ['a', 'b']"]),
     ],
 )
 def test_the_check_names_a_file_run_twice_or_never(
@@ -242,6 +255,12 @@ def test_the_check_names_a_file_run_twice_or_never(
     source = f"IGNORED = {ignored!r}\n" + source
     problems = check(source, tmp_path)
     assert [p.split(";")[0] for p in problems] == expected, problems
+
+
+def test_a_suite_without_its_lanes_is_an_error() -> None:
+    source = 'import nox\nnox.options.sessions = ["suite"]\n'
+    with pytest.raises(NoxfileShapeError, match="SUITE_LANES is missing"):
+        read_noxfile(source)
 
 
 def test_a_form_the_reader_does_not_know_is_an_error_naming_the_line() -> None:
