@@ -116,3 +116,52 @@ def test_compose_calls_the_last_callable_first() -> None:
 
     assert inprocess.Compose(second, first)(1) == 20
     assert calls == ["first", "second"]
+
+
+def test_compose_chains_any_number_of_arguments_as_nvrx_does() -> None:
+    counted = []
+
+    def tick() -> None:  # no parameter: gets nothing, passes nothing on
+        counted.append(1)
+
+    assert inprocess.Compose(tick, tick, tick)() is None
+    assert len(counted) == 3
+
+    def shift(a: int, b: int) -> tuple[int, int]:  # a tuple is spread into the next call
+        return a + 1, b + 10
+
+    assert inprocess.Compose(shift, shift)(0, 0) == (2, 20)
+    assert inprocess.Compose(lambda x: x)(None) is None  # a lone None passes without a warning
+
+
+def test_compose_warns_when_a_link_drops_its_arguments() -> None:
+    seen = []
+
+    def keep(x: object) -> object:
+        seen.append(x)
+        return x
+
+    def drop(x: object) -> None:
+        seen.append(x)
+
+    with pytest.warns(UserWarning, match="returned None for \\(5,\\)"):
+        result = inprocess.Compose(keep, drop)(5)
+    assert result is None and seen == [5, None]
+
+
+def test_compose_is_an_instance_of_the_closest_common_base() -> None:
+    class Base:
+        def __call__(self, x: object) -> object:
+            return x
+
+    class Child(Base):
+        pass
+
+    class Grandchild(Child):
+        pass
+
+    mixed = inprocess.Compose(Child(), Grandchild())
+    assert isinstance(mixed, Child) and isinstance(mixed, Base)
+    assert not isinstance(mixed, Grandchild)
+    siblings = inprocess.Compose(Child(), Base())
+    assert isinstance(siblings, Base) and not isinstance(siblings, Child)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,16 +24,22 @@ class Compose:
     The result is also an instance of the callables' closest common base class, so
     ``Compose(AbortA(), AbortB())`` passes where the wrapper expects an ``Abort``.
 
+    The chain takes any number of arguments, as NVRx's does: each callable gets what the one
+    before it returned, a tuple spread into arguments (``Compose(f, g)(1, 2)`` is ``f(*g(1, 2))``
+    when ``g`` returns a tuple); a callable without parameters gets none. A callable that was
+    given arguments (other than a lone ``None``) and returned ``None`` breaks the chain for the
+    next one: that is a ``UserWarning``, as in NVRx. The last callable's result is returned.
+
     Args:
-        *instances: callables that take one argument and return the value for the next one.
+        *instances: the callables, the last one called first.
 
     Raises:
         ConfigError: no callable given, or one of them is not callable.
     """
 
-    instances: tuple[Callable[[Any], Any], ...]
+    instances: tuple[Callable[..., Any], ...]
 
-    def __new__(cls, *instances: Callable[[Any], Any]) -> Compose:
+    def __new__(cls, *instances: Callable[..., Any]) -> Compose:
         if not instances:
             raise ConfigError("Compose() needs at least one callable")
         for instance in instances:
@@ -48,8 +56,30 @@ class Compose:
         composed.instances = tuple(instances)
         return composed
 
-    def __call__(self, value: Any) -> Any:
-        """Call the last callable first, each on the previous one's result."""
+    def __call__(self, *args: Any) -> Any:
+        """Call the last callable first, each on what the previous one returned."""
+        result: Any = None
         for instance in reversed(self.instances):
-            value = instance(value)
-        return value
+            result = instance(*args)
+            if result is None and args and args != (None,):
+                warnings.warn(
+                    f"{type(self).__name__}: {instance!r} returned None for {args!r}, so the "
+                    "next callable of the chain gets None",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            if isinstance(result, tuple):
+                args = result
+            elif result is None and not _takes_arguments(instance):
+                args = ()
+            else:
+                args = (result,)
+        return result
+
+
+def _takes_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` declares a parameter (a callable without any passes nothing on)."""
+    try:
+        return bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: assume it takes one
+        return True
