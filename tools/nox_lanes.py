@@ -153,6 +153,20 @@ def _stop_group(running: Running) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(running.proc.pid, signal.SIGKILL)
     running.proc.wait(_KILL_AFTER_S)
+    deadline = time.monotonic() + _KILL_AFTER_S
+    while _group_alive(running.proc.pid):
+        if time.monotonic() > deadline:
+            print(f"suite > {running.name}: its process group outlived SIGKILL", flush=True)
+            return
+        time.sleep(_POLL_S)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _report(running: Running, verdict: str, took: float) -> None:

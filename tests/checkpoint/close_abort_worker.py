@@ -73,7 +73,10 @@ def run(rank: int, root: Path, mode: str, out: Path) -> None:
     handle = mgr.save(2, state(2))
     result: dict[str, Any] = {"writer_pid": writer_pid, "done_before_close": handle.done()}
     if rank == 1:
-        (out / "rank1.inflight").write_text(str(writer_pid))
+        # Whole or absent: rank 0 SIGKILLs this rank as soon as the file exists, so a file
+        # created empty and written after (write_text) could be left empty (seen under load).
+        (out / "rank1.inflight.tmp").write_text(str(writer_pid))
+        os.replace(out / "rank1.inflight.tmp", out / "rank1.inflight")
         if mode == "abort":
             _wait_for("SIGKILL from rank 0", lambda: False)
         mgr.close()
