@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import socket
 from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from resiliency import inprocess
-from resiliency.inprocess.exception import ConfigError
+from resiliency.inprocess.exception import ConfigError, InternalError
 from resiliency.inprocess.initialize import RetryController
 from resiliency.inprocess.rank_assignment import ActiveWorldSizeDivisibleBy, MaxActiveWorldSize
 
@@ -105,3 +108,64 @@ def test_the_repeated_fault_limit_defaults_to_three_and_can_be_turned_off() -> N
     for bad in (-1, 2.5, "3", True):
         with pytest.raises(ConfigError, match=r"max_repeated_faults=.*whole number"):
             inprocess.Wrapper(max_repeated_faults=bad)
+
+
+class _LeavesTheModeAlone(inprocess.rank_assignment.RankAssignment):
+    def __call__(
+        self, ctx: inprocess.rank_assignment.RankAssignmentCtx
+    ) -> inprocess.rank_assignment.RankAssignmentCtx:
+        return ctx
+
+
+def test_a_rank_assignment_that_gives_no_mode_is_an_internal_error_not_a_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    store = dist.HashStore()
+    calls = []
+
+    @inprocess.Wrapper(store_factory=lambda: store, rank_assignment=_LeavesTheModeAlone())
+    def train() -> None:
+        calls.append(1)
+
+    with pytest.raises(InternalError, match=r"rank 0: the rank assignment left it in mode INIT"):
+        train()
+    assert calls == []  # neither called nor left waiting for completion_timeout
+
+
+def _free_port_pair() -> int:
+    """A port P with P + 1 free too (the default store listens on MASTER_PORT + 1)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise AssertionError("no two consecutive free ports on 127.0.0.1")
+
+
+def test_the_wrapped_function_can_be_called_again_on_the_same_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = _free_port_pair()
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**env, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+
+    @inprocess.Wrapper()
+    def train(x: int) -> int:
+        return x + 1
+
+    gc.disable()  # the store must be freed by the call's end, not by a later GC pass
+    try:
+        assert train(1) == 2
+        with socket.socket() as probe:  # rank 0's store released MASTER_PORT + 1 at once
+            probe.bind(("127.0.0.1", port + 1))
+        assert train(2) == 3
+    finally:
+        gc.enable()

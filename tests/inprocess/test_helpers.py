@@ -86,9 +86,11 @@ def test_fault_counter_counts_only_this_ranks_faults() -> None:
 
 def test_retry_controller_stops_past_the_limits() -> None:
     state = make_state(0, 4)
-    state.iteration = 3
-    with pytest.raises(RestartAbort, match="max_iterations=2"):
+    state.iteration = 2  # the third call: max_iterations=3 lets it start, 2 does not (NVRx)
+    assert RetryController(max_iterations=3)(state.freeze()).iteration == 2
+    with pytest.raises(RestartAbort, match=r"iteration=2 reached .*max_iterations=2"):
         RetryController(max_iterations=2)(state.freeze())
+    state.iteration = 3
     with pytest.raises(RestartAbort, match="min_world_size=5"):
         RetryController(min_world_size=5)(state.freeze())
 
@@ -165,3 +167,17 @@ def test_compose_is_an_instance_of_the_closest_common_base() -> None:
     assert not isinstance(mixed, Grandchild)
     siblings = inprocess.Compose(Child(), Base())
     assert isinstance(siblings, Base) and not isinstance(siblings, Child)
+
+
+def test_a_state_needs_only_its_rank_and_world_size_as_in_nvrx() -> None:
+    state = inprocess.State(rank=2, world_size=4)
+    assert (state.initial_rank, state.initial_world_size) == (2, 4)
+    assert state.active_rank is None and state.mode is inprocess.Mode.INITIALIZED
+    state.fn_exception = RuntimeError("x")
+    state.advance()
+    assert state.iteration == 1 and state.fn_exception is None
+    frozen = state.freeze()
+    assert isinstance(frozen, inprocess.FrozenState) and frozen.initial_rank == 2
+    other = inprocess.State(rank=0, world_size=1)
+    other.copy_from(frozen, fields=["iteration", "rank"])
+    assert (other.iteration, other.rank, other.world_size) == (1, 2, 1)

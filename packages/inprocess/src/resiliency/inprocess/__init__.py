@@ -25,20 +25,24 @@ from resiliency.inprocess.exception import (
 )
 from resiliency.inprocess.heal import Healer, HealResult
 from resiliency.inprocess.rollback import Rollback, RollbackResult
+from resiliency.inprocess.state import FrozenState, Mode, State
 from resiliency.inprocess.wrap import CallWrapper, Wrapper
 
 __all__ = [
     "CallWrapper",
     "Compose",
+    "FrozenState",
     "HealError",
     "HealResult",
     "Healer",
     "InternalError",
+    "Mode",
     "RepeatedFaultError",
     "RestartError",
     "Rollback",
     "RollbackError",
     "RollbackResult",
+    "State",
     "Wrapper",
     "abort",
     "exception",

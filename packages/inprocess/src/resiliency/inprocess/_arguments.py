@@ -8,8 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from resiliency.inprocess.compose import Compose
-from resiliency.inprocess.exception import ConfigError
-from resiliency.inprocess.rank_assignment import RankAssignment, Tree
+from resiliency.inprocess.exception import ConfigError, InternalError
+from resiliency.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx, Tree
+from resiliency.inprocess.state import Mode, State
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +165,20 @@ def check_store_kwargs(store_kwargs: dict[str, Any] | None, custom_factory: bool
                 f"Wrapper(store_kwargs): unknown key {key!r} for the built-in store "
                 f"(valid: {', '.join(STORE_KWARGS)}){hint}"
             )
+
+
+def assigned_state(ctx: RankAssignmentCtx) -> State:
+    """The state a rank assignment returned, once it gave this rank a mode.
+
+    Raises:
+        InternalError: the assignment left the rank ``INITIALIZED`` (no rank assignment of the
+            chain activated, deactivated or terminated it), as NVRx raises; without it the rank
+            would neither call the function nor wait as a spare.
+    """
+    if ctx.state.mode == Mode.INITIALIZED:
+        raise InternalError(
+            f"rank {ctx.state.rank}: the rank assignment left it in mode INITIALIZED at "
+            f"iteration {ctx.state.iteration}; a rank_assignment must set ACTIVE, INACTIVE or "
+            "TERMINATED (end a custom chain with ActivateAllRanks() or ShiftRanks())"
+        )
+    return ctx.state

@@ -30,7 +30,8 @@ class RetryController(Initialize):
     """Stop restarting past ``max_iterations``, or when too few ranks are left.
 
     Args:
-        max_iterations: the last iteration allowed (0 is the first call); None for no limit.
+        max_iterations: how many iterations may start, the first call included (as in NVRx:
+            iteration ``max_iterations`` is stopped); None for no limit.
         min_world_size: fewest processes still in the job.
         min_active_world_size: fewest ranks calling the function.
     """
@@ -52,10 +53,11 @@ class RetryController(Initialize):
             RestartAbort: iteration, world size or active world size out of bounds.
         """
         active = state.active_world_size or 0
-        if self.max_iterations is not None and state.iteration > self.max_iterations:
+        if self.max_iterations is not None and state.iteration >= self.max_iterations:
             raise RestartAbort(
-                f"rank {state.rank}: iteration {state.iteration} is past "
-                f"RetryController(max_iterations={self.max_iterations}); stopping"
+                f"rank {state.rank}: iteration={state.iteration} reached "
+                f"RetryController(max_iterations={self.max_iterations}) (the wrapped function "
+                f"ran {self.max_iterations} time(s)); stopping"
             )
         if state.world_size < self.min_world_size or active < self.min_active_world_size:
             raise RestartAbort(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from collections.abc import Iterable
 
 from resiliency.inprocess.exception import ConfigError
 
@@ -35,33 +36,47 @@ class FrozenState:
         initial_world_size: the world size at the first call.
         iteration: restart iteration, 0 for the first call.
         mode: what this rank does in this iteration.
-        fn_exception: the exception that ended the previous iteration on this rank, if any.
+        fn_exception: the exception the wrapped function raised on this rank in this iteration
+            (None if none, and again once the next iteration starts).
     """
 
     rank: int
     world_size: int
-    active_rank: int | None
-    active_world_size: int | None
-    initial_rank: int
-    initial_world_size: int
-    iteration: int
-    mode: Mode
-    fn_exception: BaseException | None
+    active_rank: int | None = None
+    active_world_size: int | None = None
+    # None only in a snapshot built by hand (NVRx accepts it); freeze() always sets them.
+    initial_rank: int = None  # type: ignore[assignment]
+    initial_world_size: int = None  # type: ignore[assignment]
+    iteration: int = 0
+    mode: Mode = Mode.INITIALIZED
+    fn_exception: BaseException | None = None
 
 
 @dataclasses.dataclass
 class State:
-    """The mutable state the wrapper keeps for one rank (see ``FrozenState`` for the fields)."""
+    """The mutable state the wrapper keeps for one rank (see ``FrozenState`` for the fields).
+
+    As in NVRx, ``State(rank, world_size)`` is enough: ``initial_rank`` and
+    ``initial_world_size`` default to ``rank`` and ``world_size``, the active ones to None
+    (set by the rank assignment).
+    """
 
     rank: int
     world_size: int
-    active_rank: int | None
-    active_world_size: int | None
-    initial_rank: int
-    initial_world_size: int
+    active_rank: int | None = None
+    active_world_size: int | None = None
+    # None (NVRx's default) stands for rank and world_size: __post_init__ sets them.
+    initial_rank: int = None  # type: ignore[assignment]
+    initial_world_size: int = None  # type: ignore[assignment]
     iteration: int = 0
     mode: Mode = Mode.INITIALIZED
     fn_exception: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        if self.initial_rank is None:
+            self.initial_rank = self.rank
+        if self.initial_world_size is None:
+            self.initial_world_size = self.world_size
 
     @classmethod
     def from_env(cls) -> State:
@@ -112,5 +127,13 @@ class State:
             os.environ["WORLD_SIZE"] = str(self.active_world_size)
 
     def advance(self) -> None:
-        """Move to the next restart iteration."""
+        """Move to the next restart iteration (whose function has raised nothing yet)."""
         self.iteration += 1
+        self.fn_exception = None
+
+    def copy_from(self, other: State | FrozenState, fields: Iterable[str] | None = None) -> None:
+        """Take ``other``'s values: every field, or only those named in ``fields``."""
+        names = None if fields is None else set(fields)
+        for field in dataclasses.fields(self):
+            if names is None or field.name in names:
+                setattr(self, field.name, getattr(other, field.name))

@@ -189,8 +189,9 @@ class CallWrapper:
     def __init__(self, wrapper: Wrapper) -> None:
         if dist.is_available() and dist.is_initialized():
             raise ConfigError(
-                "torch.distributed is already initialized when the wrapped function is called: "
-                "call init_process_group inside the wrapped function, so a restart can re-create it"
+                "torch.distributed is already initialized when the wrapped function is called "
+                "(it needs `not torch.distributed.is_initialized()`, as NVRx's does): call "
+                "init_process_group inside the wrapped function, so a restart can re-create it"
             )
         self.wrapper = wrapper
         self.state = State.from_env()
@@ -260,6 +261,12 @@ class CallWrapper:
                 self._monitor_process.close()
             self.interrupter.close()
             self._fence.open()
+            # The heartbeat's store getter refers back to this object: a cycle that kept the
+            # store, and the port rank 0's store listens on, until a GC pass, so calling the
+            # wrapped function again failed to bind it. Nothing uses the store from here on.
+            self._heartbeat = None
+            for name in ("_monitor", "store", "_raw_store"):
+                self.__dict__.pop(name, None)
 
     @property
     def iteration(self) -> int:
@@ -302,9 +309,9 @@ class CallWrapper:
             self._meet(self._joining, None, RestartTimes(now, now, now, now, now))
             _rejoin.announce()
         else:
-            self.state = self.wrapper.rank_assignment(
-                RankAssignmentCtx(self.state, self._raw_store, set())
-            ).state
+            self.state = _arguments.assigned_state(
+                self.wrapper.rank_assignment(RankAssignmentCtx(self.state, self._raw_store, set()))
+            )
             self.state.set_distributed_vars()
         while True:
             exc, ret = self._run_iteration(fn, args, kwargs)
@@ -484,7 +491,7 @@ class CallWrapper:
         ctx = self.wrapper.rank_assignment(
             RankAssignmentCtx(state, self._raw_store, terminated_now)
         )
-        self.state = state = ctx.state
+        self.state = state = _arguments.assigned_state(ctx)
         state.advance()
         state.set_distributed_vars()
         members, self._members = self._members, survivors
