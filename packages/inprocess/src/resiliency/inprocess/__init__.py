@@ -14,6 +14,7 @@ from resiliency.inprocess import (
     nested_restarter,
     rank_assignment,
     state,
+    store,
 )
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
@@ -53,4 +54,5 @@ __all__ = [
     "nested_restarter",
     "rank_assignment",
     "state",
+    "store",
 ]

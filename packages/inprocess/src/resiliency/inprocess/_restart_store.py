@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from resiliency.inprocess._launcher_contract import STORE_PORT_ENV
 from resiliency.inprocess.exception import ConfigError, InternalError
+from resiliency.inprocess.store import TCPStore
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +179,8 @@ def connect(
         InternalError: the store could not be reached or bound within ``timeout``.
     """
     try:
-        return dist.TCPStore(
-            host,
-            port,
-            world_size if is_master else None,
-            is_master,
-            timeout=timeout,
-            wait_for_workers=False,
-            use_libuv=True,
+        return TCPStore._open(
+            host, port, is_master=is_master, world_size=world_size, timeout=timeout
         )
     except (RuntimeError, OSError) as exc:
         role = "host" if is_master else "reach"
@@ -220,7 +215,10 @@ def open_store(
     if factory is not None:
         store = factory(**kwargs)
         port = getattr(store, "port", None)
-        return store, {port} if isinstance(port, int) else set(), False
+        # NVRx's TCPStore (inprocess.store) knows whether this rank hosts it: then this rank
+        # leaves last, as for the default store.
+        hosting = isinstance(store, TCPStore) and store.hosting
+        return store, {port} if isinstance(port, int) else set(), hosting
     host = kwargs.get("host_name", os.environ.get("MASTER_ADDR", "127.0.0.1"))
     hosted_by_launcher = os.environ.get(STORE_PORT_ENV, "")
     hosting = rank == 0
