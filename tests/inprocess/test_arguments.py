@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -169,3 +171,31 @@ def test_the_wrapped_function_can_be_called_again_on_the_same_port(
         assert train(2) == 3
     finally:
         gc.enable()
+
+
+def test_the_monitor_process_pid_is_written_where_nvrxs_pidfile_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    store = dist.HashStore()
+    pids: list[int] = []
+
+    @inprocess.Wrapper(
+        store_factory=lambda: store, monitor_process_pidfile=f"{tmp_path}/mp_{{rank}}"
+    )
+    def train() -> None:
+        pids.append(int((tmp_path / "mp_0").read_text()))
+        assert Path(f"/proc/{pids[0]}/cmdline").read_bytes().count(b"_monitor_process_main") == 1
+
+    train()
+    assert pids and pids[0] not in (0, os.getpid())
+
+    @inprocess.Wrapper(store_factory=lambda: store, monitor_process_pidfile=f"{tmp_path}/no/pid")
+    def unwritable() -> None:
+        raise AssertionError("not called: the pid file could not be written")
+
+    with pytest.raises(ConfigError, match=r"cannot write the monitor process's pid to '.*/no/pid'"):
+        unwritable()
+    with pytest.raises(ConfigError, match=r"monitor_process_pidfile=3\): expected a str"):
+        inprocess.Wrapper(monitor_process_pidfile=3)

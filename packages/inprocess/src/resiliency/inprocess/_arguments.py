@@ -46,7 +46,6 @@ NOT_SUPPORTED = {
     "rank_filter": "deprecated in NVRx 0.4 and removed here; use rank_assignment",
     "completion": "an NVRx 0.5 callback, not in 0.4; run the code after the wrapped call returns",
     "terminate": "an NVRx 0.5 callback, not in 0.4; catch the exception the wrapped call raises",
-    "monitor_process_pidfile": "an NVRx 0.5 argument; there is no monitor process here yet",
 }
 
 STORE_KWARGS = ("host_name", "port", "timeout")
@@ -120,14 +119,15 @@ def check_rank_assignment(value: Any) -> None:
         )
 
 
-def check_logfile(value: Any) -> None:
-    """Check ``monitor_process_logfile``: a path (``{rank}`` allowed) or None.
+def check_path(name: str, value: Any) -> None:
+    """Check ``monitor_process_logfile`` or ``monitor_process_pidfile``: a path (``{rank}``
+    allowed) or None.
 
     Raises:
         ConfigError: another type.
     """
     if value is not None and not isinstance(value, str):
-        raise ConfigError(f"Wrapper(monitor_process_logfile={value!r}): expected a str or None")
+        raise ConfigError(f"Wrapper({name}={value!r}): expected a str (a path) or None")
 
 
 def check_repeat_limit(value: Any) -> None:

@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from resiliency.inprocess.exception import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: The monitor process's entry, run by its path (see its docstring).
@@ -43,6 +45,11 @@ class MonitorProcess:
         respawn_request: where the launcher expects a respawn request, or None.
         logfile: the Wrapper's ``monitor_process_logfile`` (``{rank}`` replaced), or None for
             the rank's stderr.
+        pidfile: the Wrapper's ``monitor_process_pidfile`` (``{rank}`` replaced): the monitor
+            process's pid is written there (whole: a temporary file renamed), or None.
+
+    Raises:
+        ConfigError: the pid file cannot be written (its path is in the message).
     """
 
     def __init__(
@@ -52,6 +59,7 @@ class MonitorProcess:
         timeouts: dict[str, float],
         respawn_request: Path | None,
         logfile: str | None,
+        pidfile: str | None = None,
     ) -> None:
         interval, limit = timeouts["monitor_process_interval"], timeouts["hard_timeout"]
         grace = timeouts["termination_grace_time"]
@@ -84,12 +92,29 @@ class MonitorProcess:
             raise
         finally:
             os.close(read_end)
+        if pidfile is not None:
+            self._write_pidfile(pidfile.replace("{rank}", str(rank)))
         self._halt = threading.Event()
         self._thread = threading.Thread(
             target=self._beat, name=f"inprocess-monitor-process-beat-{rank}", daemon=True
         )
         self._thread.start()
         log.debug("rank %d: monitor process started (pid %d)", rank, self._proc.pid)
+
+    def _write_pidfile(self, path: str) -> None:
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "w", encoding="ascii") as out:
+                out.write(f"{self._proc.pid}\n")
+            os.replace(temporary, path)
+        except OSError as exc:
+            self._proc.kill()
+            self._proc.wait(5.0)
+            os.close(self._write_end)
+            raise ConfigError(
+                f"Wrapper(monitor_process_pidfile=...): cannot write the monitor process's pid "
+                f"to {path!r} ({exc}); give a path in a writable directory"
+            ) from exc
 
     def _beat(self) -> None:
         while not self._halt.is_set():

@@ -101,6 +101,7 @@ class Wrapper:
         termination_grace_time: between SIGTERM and SIGKILL of a terminated rank.
         monitor_process_logfile: the monitor process's log (``{rank}`` replaced by the initial
             rank); None for the rank's stderr.
+        monitor_process_pidfile: the monitor process's pid file (``{rank}`` replaced), or None.
         enabled: False returns the function unwrapped.
         max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
             attempts in a row fail with the same cause on the same ranks and no progress
@@ -132,6 +133,7 @@ class Wrapper:
         last_call_wait: timedelta = timedelta(seconds=1),
         termination_grace_time: timedelta = timedelta(seconds=5),
         monitor_process_logfile: str | None = None,
+        monitor_process_pidfile: str | None = None,
         enabled: bool = True,
         max_repeated_faults: int | None = 3,
         **unknown: Any,
@@ -150,10 +152,8 @@ class Wrapper:
         if not isinstance(enabled, bool):
             raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
         _arguments.check_repeat_limit(max_repeated_faults)
-        if monitor_process_logfile is not None and not isinstance(monitor_process_logfile, str):
-            raise ConfigError(
-                f"Wrapper(monitor_process_logfile={monitor_process_logfile!r}): a str"
-            )
+        _arguments.check_path("monitor_process_logfile", monitor_process_logfile)
+        _arguments.check_path("monitor_process_pidfile", monitor_process_pidfile)
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
         self.initialize = initialize
@@ -165,6 +165,7 @@ class Wrapper:
         self.enabled = enabled
         self.max_repeated_faults = max_repeated_faults
         self.monitor_process_logfile = monitor_process_logfile
+        self.monitor_process_pidfile = monitor_process_pidfile
 
     def __call__(self, fn: F) -> F:
         """Wrap ``fn``; each call of the result runs the restart loop around it."""
@@ -225,6 +226,7 @@ class CallWrapper:
                 timeouts=self.timeouts,
                 respawn_request=respawn_request_path(hosting_store=self._hosting),
                 logfile=wrapper.monitor_process_logfile,
+                pidfile=wrapper.monitor_process_pidfile,
             )
             # A process the launcher respawned joins the running job (its start barrier is long
             # passed); the heartbeat first, so the others never see this rank silent.
@@ -261,9 +263,8 @@ class CallWrapper:
                 self._monitor_process.close()
             self.interrupter.close()
             self._fence.open()
-            # The heartbeat's store getter refers back to this object: a cycle that kept the
-            # store, and the port rank 0's store listens on, until a GC pass, so calling the
-            # wrapped function again failed to bind it. Nothing uses the store from here on.
+            # The heartbeat's store getter refers back to this object: a cycle that held the
+            # store (and rank 0's port) until a GC pass, so a second call could not bind it.
             self._heartbeat = None
             for name in ("_monitor", "store", "_raw_store"):
                 self.__dict__.pop(name, None)
