@@ -11,8 +11,10 @@ from resiliency import inprocess
 from resiliency.inprocess.abort import Abort, AbortTorchDistributed
 from resiliency.inprocess.initialize import Initialize
 from resiliency.inprocess.nested_restarter import (
+    NestedRestarterCallback,
     NestedRestarterHandlingCompleted,
     NestedRestarterHandlingStarting,
+    NestedRestarterLogger,
 )
 from resiliency.inprocess.state import Mode, State
 
@@ -62,3 +64,26 @@ def test_handling_starting_composes_with_the_default_abort(
     ]
     # the Wrapper takes them where NVRx's takes them
     inprocess.Wrapper(initialize=NestedRestarterHandlingCompleted(), abort=abort)
+
+
+def test_a_callback_writes_through_the_logger_it_is_given() -> None:
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    mine = NestedRestarterLogger(name="test.nested_restarter.own")
+    mine.restarter_logger.addHandler(Collect())
+    mine.restarter_logger.setLevel(logging.DEBUG)
+    callback = NestedRestarterCallback("handling", "starting", mine, special_rank=1)
+    callback(frozen(0))  # not the special rank: nothing
+    callback(frozen(1))
+    assert lines == [
+        "active_rank=1 [NestedRestarter] name=[InProcess] state=handling stage=starting"
+    ]
+    assert mine.connected_rank == 1
+    completed = NestedRestarterHandlingCompleted(special_rank=1)
+    completed.logger = mine  # NVRx's tests set it this way
+    completed(frozen(1))
+    assert lines[-1].endswith("state=initialize")

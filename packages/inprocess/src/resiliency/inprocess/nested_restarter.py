@@ -5,8 +5,8 @@ write on one rank (``[NestedRestarter] name=[InProcess] state=... stage=...``), 
 not restart the job itself meanwhile. ``ft-launcher`` needs no such lines: its agent watches the
 workers' processes, and a worker that stays alive is never restarted by it. These classes keep an
 NVRx script's ``initialize=`` and ``abort=`` arguments working unchanged and write the same
-lines, at INFO, through ``logging`` (``resiliency.inprocess.nested_restarter``), for log tooling
-that reads them.
+lines, at INFO, through ``logging`` (``resiliency.inprocess.nested_restarter``, or the logger a
+``NestedRestarterLogger`` names), for log tooling that reads them.
 """
 
 from __future__ import annotations
@@ -21,9 +21,33 @@ __all__ = [
     "NestedRestarterCallback",
     "NestedRestarterHandlingCompleted",
     "NestedRestarterHandlingStarting",
+    "NestedRestarterLogger",
 ]
 
-log = logging.getLogger(__name__)
+
+class NestedRestarterLogger:
+    """Where the callbacks write their lines (NVRx's name).
+
+    Args:
+        name: the ``logging`` logger they go to (``restarter_logger``); its handlers and level
+            are the application's to set, as for any logger.
+    """
+
+    def __init__(self, name: str = "resiliency.inprocess.nested_restarter") -> None:
+        self.restarter_logger = logging.getLogger(name)
+        self.connected_rank: int | None = None
+
+    def set_connected_rank(self, rank: int | None) -> None:
+        """Record the rank that writes the lines (NVRx's log tooling names it)."""
+        self.connected_rank = rank
+
+    def log_for_restarter(self, message: str) -> None:
+        """Write one line for the restarter's log tooling, at INFO."""
+        self.restarter_logger.info(message)
+
+
+#: The logger every callback uses unless given another (NVRx shares one the same way).
+_SHARED_LOGGER = NestedRestarterLogger()
 
 
 class NestedRestarterCallback:
@@ -32,25 +56,30 @@ class NestedRestarterCallback:
     Args:
         restarter_state: e.g. ``"initialize"`` or ``"handling"``.
         restarter_stage: e.g. ``"starting"`` or ``"completed"``; None for none.
+        logger: where the line goes (default: one ``NestedRestarterLogger`` shared by all).
         special_rank: the initial rank that writes the line.
     """
 
     def __init__(
-        self, restarter_state: str, restarter_stage: str | None = None, special_rank: int = 0
+        self,
+        restarter_state: str,
+        restarter_stage: str | None = None,
+        logger: NestedRestarterLogger | None = None,
+        special_rank: int = 0,
     ) -> None:
         self.restarter_state = restarter_state
         self.restarter_stage = restarter_stage
+        self.logger = _SHARED_LOGGER if logger is None else logger
         self.special_rank = special_rank
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Write the line when this is ``special_rank``."""
         if state.initial_rank == self.special_rank:
+            self.logger.set_connected_rank(state.initial_rank)
             stage = f" stage={self.restarter_stage}" if self.restarter_stage is not None else ""
-            log.info(
-                "active_rank=%s [NestedRestarter] name=[InProcess] state=%s%s",
-                state.active_rank,
-                self.restarter_state,
-                stage,
+            self.logger.log_for_restarter(
+                f"active_rank={state.active_rank} [NestedRestarter] name=[InProcess] "
+                f"state={self.restarter_state}{stage}"
             )
         return state
 
@@ -60,7 +89,7 @@ class NestedRestarterHandlingCompleted(Initialize, NestedRestarterCallback):
     stage=completed`` at every restart (the restart is done, training goes on)."""
 
     def __init__(self, special_rank: int = 0) -> None:
-        NestedRestarterCallback.__init__(self, "initialize", None, special_rank)
+        NestedRestarterCallback.__init__(self, "initialize", None, None, special_rank)
         self._first = True
 
     def __call__(self, state: FrozenState) -> FrozenState:
@@ -76,7 +105,7 @@ class NestedRestarterHandlingStarting(Abort, NestedRestarterCallback):
     """An ``abort`` step: ``state=handling stage=starting`` when a fault starts a restart."""
 
     def __init__(self, special_rank: int = 0) -> None:
-        NestedRestarterCallback.__init__(self, "handling", "starting", special_rank)
+        NestedRestarterCallback.__init__(self, "handling", "starting", None, special_rank)
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Write the line."""
