@@ -235,3 +235,26 @@ def test_a_tree_in_a_compose_is_refused_by_the_wrapper() -> None:
     composed = inprocess.Compose(ActivateAllRanks(), Tree([Layer()]))
     with pytest.raises(ConfigError, match="a Tree assigns and activates every rank itself"):
         inprocess.Wrapper(rank_assignment=composed)
+
+
+@pytest.mark.parametrize(
+    "key_of",
+    [
+        lambda state: state.initial_rank // 4,  # an int, as NVRx's own tests use
+        lambda state: ("rack0", state.initial_rank // 4),  # a tuple
+    ],
+    ids=["int", "tuple"],
+)
+def test_keys_other_than_str_group_the_ranks_the_same_way(key_of: Callable[[State], Any]) -> None:
+    layers = [
+        TWO_HOSTS_OF_FOUR[0],
+        Layer(min_ranks=1, max_ranks=3, key_or_fn=key_of, flag=LayerFlag.RESERVE),
+    ]
+    same = rank_rounds(lambda: Tree(TWO_HOSTS_OF_FOUR), 8, [{1}, {0}])
+    assert rank_rounds(lambda: Tree(layers), 8, [{1}, {0}]) == same
+
+
+def test_a_key_that_cannot_cross_processes_is_named() -> None:
+    layers = [Layer(min_ranks=1, key_or_fn=lambda state: object())]
+    with pytest.raises(ConfigError, match=r"returned <object object .*> for rank \d: a key must"):
+        rank_rounds(lambda: Tree(layers), 2, [])

@@ -209,11 +209,36 @@ def _wait_keys(store: Any, keys: list[str], timeout: timedelta, what: str) -> No
         ) from exc
 
 
+#: What a key may be: it crosses processes as JSON (NVRx pickles it; nothing is pickled here).
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def _portable(key: Any) -> Any:
+    """``key`` as a JSON value (a tuple as a list).
+
+    Raises:
+        TypeError: a part of it has another type.
+    """
+    if isinstance(key, _KEY_TYPES):
+        return key
+    if isinstance(key, tuple):
+        return [_portable(part) for part in key]
+    raise TypeError(type(key).__name__)
+
+
 def _key_of(layer: Layer | FilterCountGroupedByKey, state: State) -> str:
+    """The rank's key at this layer, as the string every rank compares: a str as it is, any
+    other key (an int, a tuple of them: NVRx takes any hashable) as its JSON text, marked."""
     key = layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn
-    if not isinstance(key, str):
-        raise ConfigError(f"key_or_fn returned {key!r} for rank {state.rank}: it must be a str")
-    return key
+    if isinstance(key, str):
+        return key
+    try:
+        return "\0" + json.dumps(_portable(key))
+    except TypeError as exc:
+        raise ConfigError(
+            f"key_or_fn returned {key!r} for rank {state.rank}: a key must be a str, int, float, "
+            f"bool, None or a tuple of those (it is sent to the other ranks as JSON; got {exc})"
+        ) from exc
 
 
 def _check_layers(layers: Any) -> list[Layer]:
@@ -365,7 +390,7 @@ class FilterCountGroupedByKey(RankAssignment):
 
     def __init__(
         self,
-        key_or_fn: str | Callable[[State], str],
+        key_or_fn: str | Callable[[State], Any],
         condition: Callable[[int], bool],
         timeout: timedelta = DEFAULT_TIMEOUT,
     ) -> None:
