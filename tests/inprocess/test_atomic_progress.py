@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from types import FrameType
 
 import pytest
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from resiliency import inprocess
 from resiliency.inprocess._interrupt import RESTART_SIGNAL
+from resiliency.inprocess._progress import Progress
 from resiliency.inprocess.exception import RankShouldRestart
 
 
@@ -114,3 +116,51 @@ def test_a_restart_request_while_waiting_for_the_monitor_s_lock_lets_the_block_r
         interrupter.disarm()
     assert not errors, errors
     assert ran == [True], "the request was raised before the block could run"
+
+
+def test_once_pinged_the_rank_must_ping_again_running_python_is_not_enough() -> None:
+    progress = Progress()
+    progress.reset()
+    time.sleep(0.05)
+    progress.ran()  # Python ran: the automatic clock is fresh
+    assert progress.stalled_for() < 0.05
+    progress.ping()
+    time.sleep(0.1)
+    progress.ran()
+    assert progress.stalled_for() >= 0.1  # the manual clock, started by the ping, is stale
+    progress.reset()  # a new iteration: no ping in it yet
+    assert progress.stalled_for() < 0.05
+
+
+def test_a_function_that_pinged_and_then_stopped_pinging_is_restarted_by_the_soft_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    store = dist.HashStore()
+    iterations: list[int] = []
+
+    @inprocess.Wrapper(
+        store_factory=lambda: store,
+        monitor_thread_interval=timedelta(seconds=0.05),
+        monitor_process_interval=timedelta(seconds=0.05),
+        heartbeat_interval=timedelta(seconds=0.05),
+        progress_watchdog_interval=timedelta(seconds=0.05),
+        soft_timeout=timedelta(seconds=1),
+        hard_timeout=timedelta(seconds=30),
+        max_repeated_faults=None,
+    )
+    def train(call_wrapper: inprocess.CallWrapper | None = None) -> int:
+        assert call_wrapper is not None
+        iterations.append(call_wrapper.iteration)
+        if call_wrapper.iteration > 0:
+            return call_wrapper.iteration
+        call_wrapper.ping()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # Python keeps running, but no ping comes
+            time.sleep(0.01)
+        iterations.append(-1)  # not interrupted: this raise restarts it, not the soft timeout
+        raise AssertionError("the soft timeout never fired in 30 s")
+
+    assert train() == 1
+    assert iterations == [0, 1]  # no -1: the soft timeout interrupted the loop

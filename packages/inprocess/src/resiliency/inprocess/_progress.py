@@ -3,7 +3,7 @@
 The monitor asks the interpreter to run a tiny callback in the main thread
 (``Py_AddPendingCall``); the main thread runs it at its next bytecode. If the main thread is
 stuck in C (a collective, a GIL-released sleep), the callback does not run and the last
-progress time stops moving. ``CallWrapper.ping()`` moves it too.
+progress time stops moving. ``CallWrapper.ping()`` starts a second, manual clock.
 """
 
 from __future__ import annotations
@@ -19,11 +19,17 @@ _PENDING_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
 class Progress:
-    """Last time the main thread ran Python code (or pinged)."""
+    """Last time the main thread ran Python code, and last time it pinged.
+
+    As in NVRx there are two clocks: the automatic one (the pending call ran) and, once the
+    function called ``ping()`` in this period, the manual one. The rank is stalled when either
+    is stale: a function that pinged once must keep pinging, even while its Python code runs.
+    """
 
     def __init__(self) -> None:
         global _current
         self._last = time.monotonic()
+        self._pinged: float | None = None
         self._outstanding = threading.Event()
         _current = self
 
@@ -33,13 +39,14 @@ class Progress:
         self._outstanding.clear()
 
     def ping(self) -> None:
-        """Record progress now."""
-        self._last = time.monotonic()
+        """Record a manual sign of progress now (``CallWrapper.ping()``)."""
+        self._pinged = time.monotonic()
 
     def reset(self) -> None:
-        """Start a new period (a new iteration, a barrier left)."""
+        """Start a new period (a new iteration, a barrier left): no ping in it yet."""
         self._outstanding.clear()
         self._last = time.monotonic()
+        self._pinged = None
 
     def poke(self) -> None:
         """Ask the main thread to record progress at its next bytecode (monitor thread)."""
@@ -51,8 +58,10 @@ class Progress:
             self._outstanding.clear()
 
     def stalled_for(self) -> float:
-        """Seconds since the main thread last made progress."""
-        return time.monotonic() - self._last
+        """Seconds since the main thread last made progress, by the staler of the two clocks."""
+        now = time.monotonic()
+        manual = 0.0 if self._pinged is None else now - self._pinged
+        return max(now - self._last, manual)
 
 
 _current: Progress | None = None

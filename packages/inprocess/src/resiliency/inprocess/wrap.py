@@ -275,8 +275,8 @@ class CallWrapper:
         return self.state.iteration
 
     def ping(self) -> None:
-        """Report progress: the soft and hard timeouts count from the latest ping, and the stop
-        rule (``max_repeated_faults``) counts an attempt that pinged as one that progressed."""
+        """Report progress: once pinged in an iteration the rank must ping within the soft and
+        hard timeouts (NVRx's manual clock), and the stop rule counts the attempt as progress."""
         self.progress.ping()
         self._marks += 1
 
