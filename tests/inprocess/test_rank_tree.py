@@ -202,7 +202,7 @@ def test_layer_flags_combine_and_filters_are_rank_filters() -> None:
         ([{"min_ranks": 1}], "not a rank_assignment.Layer"),
         ([Layer(min_ranks=-1)], "min_ranks must be an int >= 0"),
         ([Layer(max_ranks=0)], "max_ranks must be None or an int >= 1"),
-        ([Layer(key_or_fn=3)], "key_or_fn must be a str"),  # type: ignore[arg-type]
+        ([Layer(key_or_fn=[3])], "key_or_fn must be a function of the State or a key"),  # type: ignore[arg-type]
         ([Layer(flag="RESERVE")], "flag must be None or a LayerFlag"),  # type: ignore[arg-type]
     ],
 )

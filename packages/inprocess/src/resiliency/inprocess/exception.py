@@ -16,6 +16,12 @@ class ConfigError(RestartError, ValueError):
     """A bad argument to ``Wrapper`` or a helper: wrong type, order of timeouts, unknown name."""
 
 
+class TopologyError(ConfigError, RuntimeError):
+    """The ranks' keys do not form one topology tree (``rank_assignment.Tree``): several root
+    keys, or a ``world_size_filter`` that grew the world. A ``RuntimeError`` too, as NVRx
+    raises."""
+
+
 class HealthCheckError(RestartError):
     """A health check failed on this rank: it leaves the job instead of restarting."""
 

@@ -17,11 +17,12 @@ import dataclasses
 import itertools
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from resiliency.inprocess import exception
+from resiliency.inprocess import _rank_keys, exception
 from resiliency.inprocess._rank_tree import Layer, LayerFlag, RankTree
 from resiliency.inprocess.exception import ConfigError, RestartError
 from resiliency.inprocess.state import Mode, State
@@ -191,54 +192,11 @@ def _limit_active(state: State, limit: int) -> None:
         state.mode = Mode.INACTIVE
 
 
-def _round(state: State) -> str:
-    """Which call of the assignment this is, the same on every rank: the first (before the
-    function was ever called) or the one after iteration N's restart barrier."""
-    return "start" if state.mode is Mode.INITIALIZED else f"after{state.iteration}"
+@dataclasses.dataclass
+class _RankView:
+    """One rank of ``Tree.init_rank_map``: its assignment, as NVRx's tree nodes hold it."""
 
-
-def _wait_keys(store: Any, keys: list[str], timeout: timedelta, what: str) -> None:
-    """Wait until every key is set; on timeout name the missing ones and what they are."""
-    try:
-        store.wait(keys, timeout)
-    except Exception as exc:  # torch raises DistStoreError (a RuntimeError) or its own timeout
-        missing = ", ".join(k.rsplit("/", 1)[-1] for k in keys if not store.check([k]))
-        raise exception.TimeoutError(
-            f"rank assignment: waited {timeout.total_seconds():.1f} s for {what}; still missing: "
-            f"{missing}; are those ranks alive and calling the same rank_assignment? ({exc})"
-        ) from exc
-
-
-#: What a key may be: it crosses processes as JSON (NVRx pickles it; nothing is pickled here).
-_KEY_TYPES = (str, int, float, bool, type(None))
-
-
-def _portable(key: Any) -> Any:
-    """``key`` as a JSON value (a tuple as a list).
-
-    Raises:
-        TypeError: a part of it has another type.
-    """
-    if isinstance(key, _KEY_TYPES):
-        return key
-    if isinstance(key, tuple):
-        return [_portable(part) for part in key]
-    raise TypeError(type(key).__name__)
-
-
-def _key_of(layer: Layer | FilterCountGroupedByKey, state: State) -> str:
-    """The rank's key at this layer, as the string every rank compares: a str as it is, any
-    other key (an int, a tuple of them: NVRx takes any hashable) as its JSON text, marked."""
-    key = layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn
-    if isinstance(key, str):
-        return key
-    try:
-        return "\0" + json.dumps(_portable(key))
-    except TypeError as exc:
-        raise ConfigError(
-            f"key_or_fn returned {key!r} for rank {state.rank}: a key must be a str, int, float, "
-            f"bool, None or a tuple of those (it is sent to the other ranks as JSON; got {exc})"
-        ) from exc
+    state: State
 
 
 def _check_layers(layers: Any) -> list[Layer]:
@@ -254,8 +212,8 @@ def _check_layers(layers: Any) -> list[Layer]:
             not isinstance(layer.max_ranks, int) or layer.max_ranks < 1
         ):
             raise ConfigError(f"{where}: max_ranks must be None or an int >= 1")
-        if not (isinstance(layer.key_or_fn, str) or callable(layer.key_or_fn)):
-            raise ConfigError(f"{where}: key_or_fn must be a str or a function of the State")
+        if not _rank_keys.is_key_or_fn(layer.key_or_fn):
+            raise ConfigError(f"{where}: key_or_fn must be a function of the State or a key")
         if layer.flag is not None and not isinstance(layer.flag, LayerFlag):
             raise ConfigError(f"{where}: flag must be None or a LayerFlag")
     return list(layers)
@@ -306,32 +264,87 @@ class Tree(RankAssignment):
 
     def _build(self, ctx: RankAssignmentCtx) -> RankTree:
         state, store = ctx.state, ctx.store
-        mine = {"rank": state.rank, "keys": [_key_of(layer, state) for layer in self.layers]}
-        store.set(f"{self.name}/keys/{state.initial_rank}", json.dumps(mine))
-        names = [f"{self.name}/keys/{r}" for r in range(state.initial_world_size)]
-        _wait_keys(store, names, self.timeout, "the topology keys (by initial rank)")
-        tree = self._shape(store, names, state)
+        if _rank_keys.speaks_nvrx(store):
+            tree = self._shape_from_nvrx_store(store, state)
+        else:
+            mine = {
+                "rank": state.rank,
+                "keys": [_rank_keys.key_of(layer, state) for layer in self.layers],
+            }
+            store.set(f"{self.name}/keys/{state.initial_rank}", json.dumps(mine))
+            names = [f"{self.name}/keys/{r}" for r in range(state.initial_world_size)]
+            _rank_keys.wait_keys(store, names, self.timeout, "the topology keys (by initial rank)")
+            tree = self._shape(store, names, state)
         misplaced = tree.activate_first()
         if misplaced and state.rank == 0:
-            log.warning(
+            warnings.warn(
                 "rank assignment: the ranks' order does not follow the topology (initial ranks "
-                "%s are not at their depth-first place); ranks are renumbered by the topology "
-                "only after a fault",
-                misplaced,
+                f"{misplaced} are not at their depth-first place); ranks are renumbered by the "
+                "topology only after a fault",
+                UserWarning,
+                stacklevel=3,
             )
         return tree
+
+    def _shape_from_nvrx_store(self, store: Any, state: State) -> RankTree:
+        """The tree from a store of NVRx's protocol (``send_key``/``get_keys``,
+        ``send_state``/``get_states``: its ``StoreMixin``, or a stand-in of it), which carries
+        the keys and states as objects."""
+        store.send_state(state, state.rank)
+        states = store.get_states(range(state.world_size))
+        raw = [
+            layer.key_or_fn(state) if callable(layer.key_or_fn) else layer.key_or_fn
+            for layer in self.layers
+        ]
+        store.send_key(raw, state.rank)
+        keys = store.get_keys(range(state.world_size))
+        return self._tree_of(
+            {
+                s.initial_rank: [_rank_keys.canonical(k, s.rank) for k in key]
+                for s, key in zip(states, keys, strict=True)
+            },
+            {s.initial_rank: s.rank for s in states},
+            state,
+        )
+
+    def _tree_of(self, keys: dict[int, list[str]], ranks: dict[int, int], state: State) -> RankTree:
+        try:
+            return RankTree(self.layers, keys=keys, ranks=ranks)
+        except ValueError as exc:
+            raise exception.TopologyError(
+                f"rank assignment Tree, rank {state.rank}: {exc}"
+            ) from exc
+
+    @property
+    def init_rank_map(self) -> dict[int, _RankView]:
+        """Per initial rank, its current assignment as a ``State`` (``.state``), as NVRx's
+        ``Tree.init_rank_map`` shows it; empty before the first call."""
+        tree = self._tree
+        if tree is None:
+            return {}
+        return {
+            initial: _RankView(
+                State(
+                    rank=leaf.rank,  # type: ignore[arg-type]  # None once terminated, as in NVRx
+                    world_size=tree.world_size,
+                    active_rank=leaf.active_rank,
+                    active_world_size=tree.active_world_size,
+                    initial_rank=initial,
+                    initial_world_size=len(tree.by_initial),
+                    mode=leaf.mode,
+                )
+            )
+            for initial, leaf in tree.by_initial.items()
+        }
 
     def _shape(self, store: Any, names: list[str], state: State) -> RankTree:
         """The tree of every rank's keys (their ``set`` is already waited for)."""
         entries = [json.loads(raw) for raw in store.multi_get(names)]
-        try:
-            return RankTree(
-                self.layers,
-                keys={r: e["keys"] for r, e in enumerate(entries)},
-                ranks={r: e["rank"] for r, e in enumerate(entries)},
-            )
-        except ValueError as exc:
-            raise ConfigError(f"rank assignment Tree, rank {state.rank}: {exc}") from exc
+        return self._tree_of(
+            {r: e["keys"] for r, e in enumerate(entries)},
+            {r: e["rank"] for r, e in enumerate(entries)},
+            state,
+        )
 
     def _load(self, ctx: RankAssignmentCtx) -> RankTree:
         """A respawned process: the shape from the keys, the assignment the others computed."""
@@ -340,7 +353,7 @@ class Tree(RankAssignment):
         before = "start" if state.iteration == 0 else f"after{state.iteration - 1}"
         table_key = f"{self.name}/table/{before}"
         what = "the topology keys (by initial rank) and the others' last assignment"
-        _wait_keys(store, [*names, table_key], self.timeout, what)
+        _rank_keys.wait_keys(store, [*names, table_key], self.timeout, what)
         tree = self._shape(store, names, state)
         tree.load(json.loads(store.get(table_key)))
         return tree
@@ -348,21 +361,23 @@ class Tree(RankAssignment):
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         """Reassign: build the tree at the first call, then apply the terminations."""
         state = ctx.state
-        this_round = _round(state)
+        this_round = _rank_keys.round_of(state)
         if self._tree is None:
             self._tree = self._build(ctx) if this_round == "start" else self._load(ctx)
         tree = self._tree
         try:
             tree.apply(set(ctx.terminated_ranks), self.world_size_filter)
         except ValueError as exc:
-            raise ConfigError(f"rank assignment Tree, rank {state.rank}: {exc}") from exc
+            raise exception.TopologyError(
+                f"rank assignment Tree, rank {state.rank}: {exc}"
+            ) from exc
         leaf = tree.by_initial[state.initial_rank]
         if leaf.mode is Mode.TERMINATED or leaf.rank is None:
             raise RankDiscarded(
                 f"initial rank {state.initial_rank} is discarded by the topology (terminated "
                 f"ranks {sorted(ctx.terminated_ranks)}, or its group fell below its min_ranks)"
             )
-        if leaf.rank == 0:  # one writer; a respawned rank reads it at the next restart
+        if leaf.rank == 0 and not _rank_keys.speaks_nvrx(ctx.store):  # read by a respawned rank
             ctx.store.set(f"{self.name}/table/{this_round}", json.dumps(tree.to_json()))
         state.rank, state.world_size = leaf.rank, tree.world_size
         state.active_rank, state.mode = leaf.active_rank, leaf.mode
@@ -394,8 +409,11 @@ class FilterCountGroupedByKey(RankAssignment):
         condition: Callable[[int], bool],
         timeout: timedelta = DEFAULT_TIMEOUT,
     ) -> None:
-        if not (isinstance(key_or_fn, str) or callable(key_or_fn)):
-            raise ConfigError(f"FilterCountGroupedByKey(key_or_fn={key_or_fn!r}): str or function")
+        if not _rank_keys.is_key_or_fn(key_or_fn):
+            raise ConfigError(
+                f"FilterCountGroupedByKey(key_or_fn={key_or_fn!r}): a function of the State or a "
+                "key (str, int, float, bool, None or a tuple of those)"
+            )
         if not callable(condition):
             raise ConfigError(f"FilterCountGroupedByKey(condition={condition!r}): not callable")
         self.key_or_fn = key_or_fn
@@ -410,11 +428,11 @@ class FilterCountGroupedByKey(RankAssignment):
         state, store = ctx.state, ctx.store
         if state.rank in ctx.terminated_ranks:
             return ctx  # not counted; the next assignment discards it
-        where = f"{self.name}/{_round(state)}"
-        store.set(f"{where}/group/{state.rank}", _key_of(self, state))
+        where = f"{self.name}/{_rank_keys.round_of(state)}"
+        store.set(f"{where}/group/{state.rank}", _rank_keys.key_of(self, state))
         alive = [r for r in range(state.world_size) if r not in ctx.terminated_ranks]
         names = [f"{where}/group/{r}" for r in alive]
-        _wait_keys(store, names, self.timeout, "the group keys (by rank)")
+        _rank_keys.wait_keys(store, names, self.timeout, "the group keys (by rank)")
         # Every rank reads every key: each computes the same counts, with no second barrier.
         groups = {r: raw.decode() for r, raw in zip(alive, store.multi_get(names), strict=True)}
         sizes = collections.Counter(groups.values())
