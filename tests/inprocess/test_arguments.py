@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from resiliency import inprocess
-from resiliency.inprocess.exception import ConfigError, InternalError
+from resiliency.inprocess.exception import ConfigError, RepeatedFaultError
 from resiliency.inprocess.initialize import RetryController
 from resiliency.inprocess.rank_assignment import ActiveWorldSizeDivisibleBy, MaxActiveWorldSize
 
@@ -119,7 +119,7 @@ class _LeavesTheModeAlone(inprocess.rank_assignment.RankAssignment):
         return ctx
 
 
-def test_a_rank_assignment_that_gives_no_mode_is_an_internal_error_not_a_wait(
+def test_a_rank_assignment_that_gives_no_mode_is_a_fault_of_the_iteration_not_a_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
@@ -131,9 +131,38 @@ def test_a_rank_assignment_that_gives_no_mode_is_an_internal_error_not_a_wait(
     def train() -> None:
         calls.append(1)
 
-    with pytest.raises(InternalError, match=r"rank 0: the rank assignment left it in mode INIT"):
+    # As in NVRx, each iteration raises InternalError (restarted like any fault); the same one
+    # every time, so the stop rule ends it, instead of a wait for completion_timeout.
+    with pytest.raises(RepeatedFaultError, match=r"UnassignedRankError.*mode INITIALIZED") as caught:
         train()
-    assert calls == []  # neither called nor left waiting for completion_timeout
+    assert calls == []
+    assert "rank 0: the rank assignment left it in mode INITIALIZED" in str(caught.value)
+
+
+def test_an_internal_error_of_the_first_assignment_restarts_and_the_next_error_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    store = dist.HashStore()
+
+    class FirstLeavesItThenFails(_LeavesTheModeAlone):
+        calls = 0
+
+        def __call__(
+            self, ctx: inprocess.rank_assignment.RankAssignmentCtx
+        ) -> inprocess.rank_assignment.RankAssignmentCtx:
+            self.calls += 1
+            if self.calls > 1:
+                raise ZeroDivisionError("the second assignment")
+            return ctx
+
+    @inprocess.Wrapper(store_factory=lambda: store, rank_assignment=FirstLeavesItThenFails())
+    def train() -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(ZeroDivisionError, match="the second assignment"):
+        train()
 
 
 def _free_port_pair() -> int:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import difflib
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from resiliency.inprocess.compose import Compose
-from resiliency.inprocess.exception import ConfigError, InternalError
-from resiliency.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx, Tree
-from resiliency.inprocess.state import Mode, State
+from resiliency.inprocess.exception import ConfigError, UnassignedRankError
+from resiliency.inprocess.rank_assignment import RankAssignment, Tree
+from resiliency.inprocess.state import State
 
 log = logging.getLogger(__name__)
 
@@ -167,18 +167,17 @@ def check_store_kwargs(store_kwargs: dict[str, Any] | None, custom_factory: bool
             )
 
 
-def assigned_state(ctx: RankAssignmentCtx) -> State:
-    """The state a rank assignment returned, once it gave this rank a mode.
+def fail_unassigned(state: State) -> NoReturn:
+    """Raise, as NVRx does, in an iteration whose rank assignment left this rank
+    ``INITIALIZED`` (no assignment of the chain activated, deactivated or terminated it, so it
+    would neither call the function nor wait as a spare): a fault of that iteration.
 
     Raises:
-        InternalError: the assignment left the rank ``INITIALIZED`` (no rank assignment of the
-            chain activated, deactivated or terminated it), as NVRx raises; without it the rank
-            would neither call the function nor wait as a spare.
+        UnassignedRankError: always (an ``InternalError``), naming the rank.
     """
-    if ctx.state.mode == Mode.INITIALIZED:
-        raise InternalError(
-            f"rank {ctx.state.rank}: the rank assignment left it in mode INITIALIZED at "
-            f"iteration {ctx.state.iteration}; a rank_assignment must set ACTIVE, INACTIVE or "
-            "TERMINATED (end a custom chain with ActivateAllRanks() or ShiftRanks())"
-        )
-    return ctx.state
+    raise UnassignedRankError(
+        # No iteration in it: the stop rule compares the messages of successive faults.
+        f"rank {state.rank}: the rank assignment left it in mode INITIALIZED; a rank_assignment "
+        "must set ACTIVE, INACTIVE or TERMINATED (end a custom chain with ActivateAllRanks() or "
+        "ShiftRanks())"
+    )

@@ -30,6 +30,12 @@ class InternalError(RestartError):
     """The restart machinery itself failed (a store that went away, a broken callback)."""
 
 
+class UnassignedRankError(InternalError):
+    """A rank assignment left this rank ``INITIALIZED`` (neither active, a spare nor
+    terminated). Raised in the iteration and restarted like a fault of the function, as NVRx's
+    ``InternalError`` there is."""
+
+
 class TimeoutError(RestartError):  # NVRx's name, kept for drop-in imports
     """A wait of the restart machinery passed its deadline (barrier, completion, finalize)."""
 

@@ -50,6 +50,7 @@ from resiliency.inprocess.exception import (
     RepeatedFaultError,
     RestartAbort,
     RestartError,
+    UnassignedRankError,
 )
 from resiliency.inprocess.finalize import Finalize
 from resiliency.inprocess.health_check import HealthCheck
@@ -99,8 +100,7 @@ class Wrapper:
         completion_timeout: deadline of the barrier after the function returned.
         last_call_wait: accepted; the restart barrier already waits for every rank.
         termination_grace_time: between SIGTERM and SIGKILL of a terminated rank.
-        monitor_process_logfile: the monitor process's log (``{rank}`` replaced by the initial
-            rank); None for the rank's stderr.
+        monitor_process_logfile: the monitor process's log (``{rank}`` replaced); None: stderr.
         monitor_process_pidfile: the monitor process's pid file (``{rank}`` replaced), or None.
         enabled: False returns the function unwrapped.
         max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
@@ -310,9 +310,9 @@ class CallWrapper:
             self._meet(self._joining, None, RestartTimes(now, now, now, now, now))
             _rejoin.announce()
         else:
-            self.state = _arguments.assigned_state(
-                self.wrapper.rank_assignment(RankAssignmentCtx(self.state, self._raw_store, set()))
-            )
+            self.state = self.wrapper.rank_assignment(
+                RankAssignmentCtx(self.state, self._raw_store, set())
+            ).state
             self.state.set_distributed_vars()
         while True:
             exc, ret = self._run_iteration(fn, args, kwargs)
@@ -357,13 +357,13 @@ class CallWrapper:
             if self.wrapper.initialize is not None:
                 self.wrapper.initialize(state.freeze())
             ret = None
+            if state.mode is Mode.INITIALIZED:  # a fault of this iteration, as in NVRx
+                _arguments.fail_unassigned(state)
             if state.mode == Mode.ACTIVE:
+                name, size = getattr(fn, "__name__", fn), state.active_world_size
                 log.info(
                     "rank %d: iteration %d: calling %s (world size %d)",
-                    state.rank,
-                    state.iteration,
-                    getattr(fn, "__name__", fn),
-                    state.active_world_size,
+                    *(state.rank, state.iteration, name, size),
                 )
                 self.interrupter.arm()
                 try:
@@ -387,7 +387,7 @@ class CallWrapper:
                 time.monotonic() - started,
             )
             return None, ret
-        except RankShouldRestart as exc:
+        except (RankShouldRestart, UnassignedRankError) as exc:  # restarted, as in NVRx
             return exc, None
         except _TERMINAL as exc:
             self.store.leave_job(self.state, exc)
@@ -492,7 +492,7 @@ class CallWrapper:
         ctx = self.wrapper.rank_assignment(
             RankAssignmentCtx(state, self._raw_store, terminated_now)
         )
-        self.state = state = _arguments.assigned_state(ctx)
+        self.state = state = ctx.state
         state.advance()
         state.set_distributed_vars()
         members, self._members = self._members, survivors
