@@ -133,7 +133,7 @@ def test_a_rank_assignment_that_gives_no_mode_is_a_fault_of_the_iteration_not_a_
 
     # As in NVRx, each iteration raises InternalError (restarted like any fault); the same one
     # every time, so the stop rule ends it, instead of a wait for completion_timeout.
-    with pytest.raises(RepeatedFaultError, match=r"UnassignedRankError.*mode INITIALIZED") as caught:
+    with pytest.raises(RepeatedFaultError, match=r"UnassignedRankError.*INITIALIZED") as caught:
         train()
     assert calls == []
     assert "rank 0: the rank assignment left it in mode INITIALIZED" in str(caught.value)
