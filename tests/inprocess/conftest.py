@@ -6,8 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from inprocess_harness import PREIMPORTED_FLAGS, FtLauncher, Run, Torchrun, read_records
 from xdist_once import once
+
+
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> dist.HashStore:
+    """torchrun's variables for a job of one rank; an in-memory store for its Wrapper."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    return dist.HashStore()
 
 
 @pytest.fixture

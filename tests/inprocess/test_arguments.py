@@ -120,11 +120,9 @@ class _LeavesTheModeAlone(inprocess.rank_assignment.RankAssignment):
 
 
 def test_a_rank_assignment_that_gives_no_mode_is_a_fault_of_the_iteration_not_a_wait(
-    monkeypatch: pytest.MonkeyPatch,
+    one_rank: dist.HashStore,
 ) -> None:
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    store = dist.HashStore()
+    store = one_rank
     calls = []
 
     @inprocess.Wrapper(store_factory=lambda: store, rank_assignment=_LeavesTheModeAlone())
@@ -140,11 +138,9 @@ def test_a_rank_assignment_that_gives_no_mode_is_a_fault_of_the_iteration_not_a_
 
 
 def test_an_internal_error_of_the_first_assignment_restarts_and_the_next_error_stops_it(
-    monkeypatch: pytest.MonkeyPatch,
+    one_rank: dist.HashStore,
 ) -> None:
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    store = dist.HashStore()
+    store = one_rank
 
     class FirstLeavesItThenFails(_LeavesTheModeAlone):
         calls = 0
@@ -181,12 +177,11 @@ def _free_port_pair() -> int:
 
 
 def test_the_wrapped_function_can_be_called_again_on_the_same_port(
-    monkeypatch: pytest.MonkeyPatch,
+    one_rank: dist.HashStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = _free_port_pair()
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**env, "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
 
     @inprocess.Wrapper()
     def train(x: int) -> int:
@@ -203,11 +198,9 @@ def test_the_wrapped_function_can_be_called_again_on_the_same_port(
 
 
 def test_the_monitor_process_pid_is_written_where_nvrxs_pidfile_says(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    one_rank: dist.HashStore, tmp_path: Path
 ) -> None:
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    store = dist.HashStore()
+    store = one_rank
     pids: list[int] = []
 
     @inprocess.Wrapper(

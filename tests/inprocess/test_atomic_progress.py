@@ -21,11 +21,9 @@ from resiliency.inprocess.exception import RankShouldRestart
 
 
 @pytest.fixture
-def call_wrapper(monkeypatch: pytest.MonkeyPatch) -> Iterator[inprocess.CallWrapper]:
+def call_wrapper(one_rank: dist.HashStore) -> Iterator[inprocess.CallWrapper]:
     """A one-rank CallWrapper on an in-memory store (no process group needed)."""
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    store = dist.HashStore()
+    store = one_rank
     with inprocess.CallWrapper(inprocess.Wrapper(store_factory=lambda: store)) as wrapper:
         yield wrapper
 
@@ -133,11 +131,9 @@ def test_once_pinged_the_rank_must_ping_again_running_python_is_not_enough() -> 
 
 
 def test_a_function_that_pinged_and_then_stopped_pinging_is_restarted_by_the_soft_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+    one_rank: dist.HashStore,
 ) -> None:
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(name, value)
-    store = dist.HashStore()
+    store = one_rank
     iterations: list[int] = []
 
     @inprocess.Wrapper(
