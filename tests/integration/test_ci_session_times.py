@@ -4,36 +4,56 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "session_times.py"
 
 
-def test_every_session_is_timed_slowest_first_and_a_cut_off_one_is_named() -> None:
-    # Each line is fed when the previous session's time has passed, as nox writes them.
-    feeder = (
-        "import sys, time\n"
-        "for line, pause in [('nox > Running session fast', 0.0), ('pytest output', 0.0),\n"
-        "                    ('nox > Session fast was successful in 1 second.', 0.0),\n"
-        "                    ('nox > Running session slow-3.11', 0.0),\n"
-        "                    ('FAILED tests/a.py::test_b - AssertionError: ' + 'x' * 900, 0),\n"
-        "                    ('ERROR tests/a.py::test_c - RuntimeError: no fixture', 0.0),\n"
-        "                    ('nox > Session slow-3.11 failed.', 0.6),\n"
-        "                    ('nox > Running session cut', 0.0)]:\n"
-        "    time.sleep(pause); print(line, flush=True)\n"
-    )
-    nox = subprocess.Popen([sys.executable, "-c", feeder], stdout=subprocess.PIPE)
-    out = subprocess.run(
+def _feed(lines: list[str], pause_before: dict[str, float]) -> str:
+    """Feed nox's lines to the script; before a line of ``pause_before``, wait until the script
+    has passed the previous line through (so it has read it), then pause. The pause is then
+    measured from when the script saw the previous line, whatever its start-up took."""
+    proc = subprocess.Popen(
         [sys.executable, str(SCRIPT)],
-        stdin=nox.stdout,
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert nox.stdout is not None
-    nox.stdout.close()
-    assert nox.wait(30) == 0
+        bufsize=1,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    out: list[str] = []
+    try:
+        for previous, line in zip([None, *lines], lines, strict=False):
+            if line in pause_before and previous is not None:
+                while (echoed := proc.stdout.readline()) != "":  # pytest-timeout bounds it
+                    out.append(echoed)
+                    if echoed.rstrip("\n") == previous:
+                        break
+                time.sleep(pause_before[line])
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        rest, _ = proc.communicate(timeout=60)  # closes stdin: the script ends its report
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
+    return "".join(out) + rest
+
+
+def test_every_session_is_timed_slowest_first_and_a_cut_off_one_is_named() -> None:
+    lines = [
+        "nox > Running session fast",
+        "pytest output",
+        "nox > Session fast was successful in 1 second.",
+        "nox > Running session slow-3.11",
+        "FAILED tests/a.py::test_b - AssertionError: " + "x" * 900,
+        "ERROR tests/a.py::test_c - RuntimeError: no fixture",
+        "nox > Session slow-3.11 failed.",
+        "nox > Running session cut",
+    ]
+    out = _feed(lines, pause_before={"nox > Session slow-3.11 failed.": 0.6})
     passed, rest = out.split("\nsession times, slowest first:\n")
     table, failed = rest.split("\nfailed tests, by session:\n")
     assert passed.splitlines()[1] == "pytest output"  # nox's output, unchanged
