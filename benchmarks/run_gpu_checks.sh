@@ -30,10 +30,11 @@ step() {  # step NAME COMMAND...: run it, log to OUTDIR/NAME.log, report its tim
 [ -d /usr/local/cuda ] && export CUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}
 step build_cupti python3 -m pip install -q --no-build-isolation --no-deps --no-index \
   --target "$out/site" packages/straggler-cupti
+# every test module marked gpu, found rather than listed, so a new one is never left out
+mapfile -t gpu_tests < <(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort)
+echo "gpu test modules: ${gpu_tests[*]}" | tee -a "$out/summary.txt"
 step tests python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=10" \
-  --timeout 300 --junitxml "$out/tests.xml" --continue-on-collection-errors \
-  tests/straggler_cupti/test_gpu.py tests/straggler/test_cuda_events_gpu.py \
-  tests/checkpoint/test_gpu_staging.py tests/inprocess/test_nccl_gpu.py
+  --timeout 300 --junitxml "$out/tests.xml" --continue-on-collection-errors "${gpu_tests[@]}"
 for every in 1 10; do
   step "cupti_every_$every" python3 benchmarks/bench_cupti_overhead.py --rounds 11 \
     --profile-every "$every" --json "$out/cupti_every_$every.json"
