@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_DIR = ROOT / ".nox" / "_lanes"
@@ -43,6 +43,18 @@ _KILL_AFTER_S = 10.0
 
 #: The command line that runs one session, from its name.
 Command = Callable[[str], list[str]]
+
+
+class Result(NamedTuple):
+    """One session's end: its verdict, its wall time and the CPU time its processes used."""
+
+    name: str
+    verdict: str
+    seconds: float
+    #: user + system time of the child nox and every descendant it or theirs waited for
+    #: (``wait4``'s rusage), so pytest's workers and the jobs they ran are counted; 0.0 when
+    #: the session was stopped.
+    cpu_seconds: float
 
 
 class LanesError(RuntimeError):
@@ -169,19 +181,37 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _report(running: Running, verdict: str, took: float) -> None:
+def _reap(running: Running) -> tuple[int, float] | None:
+    """The session's exit status and CPU seconds once it has ended; None while it runs.
+
+    ``wait4`` rather than ``Popen.poll``: its rusage holds the CPU time of the child and of
+    every descendant reaped below it, which ``poll`` throws away.
+    """
+    pid, status, usage = os.wait4(running.proc.pid, os.WNOHANG)
+    if pid == 0:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    running.proc.returncode = code  # reaped here: Popen must not wait for it again
+    return code, usage.ru_utime + usage.ru_stime
+
+
+def _report(running: Running, result: Result) -> None:
     running.log_file.close()
     text = running.log.read_text(encoding="utf-8", errors="replace")
     print(f"====== {running.name}: its whole output ({running.log}) ======", flush=True)
     sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     print(f"====== end of {running.name} ======", flush=True)
-    print(f"suite > {running.name} {verdict} in {took:.1f} s (lane {running.lane})", flush=True)
+    print(
+        f"suite > {running.name} {result.verdict} in {result.seconds:.1f} s (lane {running.lane}, "
+        f"{result.cpu_seconds:.1f} s of CPU)",
+        flush=True,
+    )
 
 
 def run_lanes(
     lanes: list[list[str]], command: Command, timeout: float, log_dir: Path = LOG_DIR
-) -> list[tuple[str, str, float]]:
-    """Run the sessions, one per lane at a time; return (name, verdict, seconds) for each one.
+) -> list[Result]:
+    """Run the sessions, one per lane at a time; return each one's result.
 
     Args:
         lanes: each lane's session names, in order.
@@ -191,7 +221,7 @@ def run_lanes(
     """
     queues = [deque(lane) for lane in lanes]
     slots: list[Running | None] = [None] * len(queues)
-    results: list[tuple[str, str, float]] = []
+    results: list[Result] = []
     next_progress = time.monotonic() + _PROGRESS_EVERY_S
     try:
         while True:
@@ -210,16 +240,18 @@ def run_lanes(
             for lane, slot in enumerate(slots):
                 if slot is None:
                     continue
-                code = slot.proc.poll()
-                if code is None and now < slot.deadline:
+                ended = _reap(slot)
+                if ended is None and now < slot.deadline:
                     continue
-                if code is None:
+                if ended is None:
                     _stop_group(slot)
-                    verdict = f"timed out after {timeout:g} s and was stopped"
+                    verdict, cpu = f"timed out after {timeout:g} s and was stopped", 0.0
                 else:
+                    code, cpu = ended
                     verdict = "passed" if code == 0 else f"failed (exit status {code})"
-                results.append((slot.name, verdict, now - slot.started))
-                _report(slot, verdict, now - slot.started)
+                result = Result(slot.name, verdict, now - slot.started, cpu)
+                results.append(result)
+                _report(slot, result)
                 slots[lane] = None
             if now >= next_progress:
                 next_progress = now + _PROGRESS_EVERY_S
@@ -235,17 +267,18 @@ def run_lanes(
                 slot.log_file.close()
 
 
-def summary(results: list[tuple[str, str, float]], wall: float, log_dir: Path = LOG_DIR) -> str:
-    """The closing table: every session's time, slowest first, then the failures."""
-    lines = ["suite > every session, slowest first:"]
+def summary(results: list[Result], wall: float, log_dir: Path = LOG_DIR) -> str:
+    """The closing table: every session's wall and CPU time, slowest first, then the failures."""
+    lines = ["suite > every session, slowest first (wall, CPU):"]
     lines += [
-        f"  {took:7.1f} s  {name:<24} {verdict}"
-        for name, verdict, took in sorted(results, key=lambda r: -r[2])
+        f"  {r.seconds:7.1f} s  {r.cpu_seconds:7.1f} s  {r.name:<24} {r.verdict}"
+        for r in sorted(results, key=lambda r: -r.seconds)
     ]
-    failed = [(n, v) for n, v, _ in results if v != "passed"]
+    failed = [(r.name, r.verdict) for r in results if r.verdict != "passed"]
     lines.append(
         f"suite > {len(results)} session(s) in {wall:.1f} s of wall time "
-        f"({sum(r[2] for r in results):.1f} s of session time, two lanes at once): "
+        f"({sum(r.seconds for r in results):.1f} s of session time, "
+        f"{sum(r.cpu_seconds for r in results):.1f} s of CPU, two lanes at once): "
         f"{len(results) - len(failed)} passed, {len(failed)} failed"
     )
     lines += [f"suite > FAILED {n}: {v}; its log: {log_dir / (n + '.log')}" for n, v in failed]
@@ -281,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = run_lanes(lanes, session_command(args.posargs), args.session_timeout)
     print(summary(results, time.monotonic() - started), flush=True)
-    return 0 if all(v == "passed" for _, v, _ in results) else 1
+    return 0 if all(r.verdict == "passed" for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "session_times.py"
+HEADER = "session times, slowest first (wall; CPU where the suite measured it):"
 
 
 def _feed(lines: list[str], pause_before: dict[str, float]) -> str:
@@ -54,7 +55,7 @@ def test_every_session_is_timed_slowest_first_and_a_cut_off_one_is_named() -> No
         "nox > Running session cut",
     ]
     out = _feed(lines, pause_before={"nox > Session slow-3.11 failed.": 0.6})
-    passed, rest = out.split("\nsession times, slowest first:\n")
+    passed, rest = out.split(f"\n{HEADER}\n")
     table, failed = rest.split("\nfailed tests, by session:\n")
     assert passed.splitlines()[1] == "pytest output"  # nox's output, unchanged
     rows = [line.split() for line in table.splitlines()]
@@ -84,5 +85,35 @@ def test_a_green_run_lists_no_failed_tests() -> None:
         timeout=60,
         check=True,
     ).stdout
-    assert "session times, slowest first:" in out
+    assert HEADER in out
     assert "failed tests" not in out
+
+
+def test_the_suites_sessions_take_its_times_and_cpu_and_the_suite_is_listed_apart() -> None:
+    # what tools/nox_lanes.py prints, inside nox's own lines for the `suite` session
+    lines = [
+        "nox > Running session suite",
+        "nox > Running session ptl",
+        "nox > Session ptl was successful in 5 minutes.",
+        "suite > ptl passed in 280.8 s (lane 1, 412.5 s of CPU)",
+        "nox > Running session ft_core-3.10",
+        "FAILED tests/ft_core/test_x.py::test_y - AssertionError",
+        "nox > Session ft_core-3.10 failed.",
+        "suite > ft_core-3.10 failed (exit status 1) in 20.0 s (lane 0, 31.0 s of CPU)",
+        "nox > Session suite failed.",
+    ]
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    table = out.split(f"\n{HEADER}\n")[1].split("\n\n")[0]
+    rows = [line.split() for line in table.splitlines()]
+    assert rows[0] == ["280.8", "s", "412.5", "s", "ptl", "passed"], table
+    assert rows[1] == ["20.0", "s", "31.0", "s", "ft_core-3.10", "failed", "(exit", "status", "1)"]
+    assert rows[2] == ["300.8", "s", "443.5", "s", "in", "all"]
+    assert rows[3][2:5] == ["suite", "failed", "(wall"], table  # apart, not counted in all
+    assert "  ft_core-3.10:\n    FAILED tests/ft_core/test_x.py::test_y" in out

@@ -71,7 +71,7 @@ def test_the_two_lanes_run_at_once(tmp_path: Path) -> None:
     # a and b each wait for the other's marker: both pass only when they overlap.
     command = _command(tmp_path, {"a": ["b"], "b": ["a"]})
     results = lanes.run_lanes([["a"], ["b"]], command, timeout=120, log_dir=tmp_path / "logs")
-    assert sorted((n, v) for n, v, _ in results) == [("a", "passed"), ("b", "passed")]
+    assert sorted((r.name, r.verdict) for r in results) == [("a", "passed"), ("b", "passed")]
 
 
 def test_a_lane_that_is_done_takes_the_other_lanes_next_session(
@@ -81,7 +81,7 @@ def test_a_lane_that_is_done_takes_the_other_lanes_next_session(
     # can start it while a still runs.
     command = _command(tmp_path, {"a": ["c"]})
     results = lanes.run_lanes([["a", "c"], ["b"]], command, timeout=120, log_dir=tmp_path / "l")
-    assert sorted(n for n, v, _ in results if v == "passed") == ["a", "b", "c"]
+    assert sorted(r.name for r in results if r.verdict == "passed") == ["a", "b", "c"]
     assert "suite > lane 1: c started" in capsys.readouterr().out
 
 
@@ -91,7 +91,7 @@ def test_each_output_is_printed_whole_and_a_failure_is_named(
     command = _command(tmp_path, {"a": ["b"], "b": ["a"]}, codes={"a": 3})
     results = lanes.run_lanes([["a"], ["b"]], command, timeout=120, log_dir=tmp_path / "logs")
     out = capsys.readouterr().out
-    verdicts = {n: v for n, v, _ in results}
+    verdicts = {r.name: r.verdict for r in results}
     assert verdicts == {"a": "failed (exit status 3)", "b": "passed"}
     for name in ("a", "b"):  # the three lines of one session come together, framed
         block = out.split(f"====== {name}: its whole output")[1].split(f"====== end of {name}")[0]
@@ -103,6 +103,36 @@ def test_each_output_is_printed_whole_and_a_failure_is_named(
     assert f"suite > FAILED a: failed (exit status 3); its log: {tmp_path / 'logs' / 'a.log'}" in (
         table
     )
+
+
+# A session whose own child burns CPU_S of CPU time, then is waited for: its time is the
+# session's too, as pytest's workers' and their jobs' are.
+BURN = (
+    "import sys, time\n"
+    "end = time.process_time() + float(sys.argv[1])\n"
+    "while time.process_time() < end: pass"
+)
+BURNER = f"""
+import subprocess, sys
+subprocess.run([sys.executable, "-c", {BURN!r}, sys.argv[1]], check=True)
+"""
+CPU_S = 0.5
+
+
+def test_a_sessions_cpu_time_counts_its_descendants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def command(name: str) -> list[str]:
+        return [sys.executable, "-c", BURNER, str(CPU_S)]
+
+    results = lanes.run_lanes([["burn"], []], command, timeout=120, log_dir=tmp_path / "logs")
+    assert results[0].verdict == "passed"
+    # the grandchild's CPU_S and two interpreters' start-up; a poll would have counted 0
+    assert CPU_S <= results[0].cpu_seconds < CPU_S + 10, results
+    assert f"(lane 0, {results[0].cpu_seconds:.1f} s of CPU)" in capsys.readouterr().out
+    table = lanes.summary(results, wall=1.0, log_dir=tmp_path / "logs")
+    assert "s of CPU, two lanes at once): 1 passed, 0 failed" in table
+    assert table.splitlines()[1].split()[2:5] == [f"{results[0].cpu_seconds:.1f}", "s", "burn"]
 
 
 # A session that starts a grandchild in its process group, writes both pids, then hangs.
@@ -145,7 +175,7 @@ def test_a_session_past_its_timeout_is_stopped_with_its_whole_process_group(
 
     # 5 s is ample for two interpreters to start on a loaded machine; the pids are checked.
     results = lanes.run_lanes([["hang"], []], command, timeout=5, log_dir=tmp_path / "logs")
-    assert results[0][1] == "timed out after 5 s and was stopped"
+    assert results[0].verdict == "timed out after 5 s and was stopped"
     session, grandchild = map(int, pids.read_text().split())
     reaper += [session, grandchild]
     assert _gone(session) and _gone(grandchild)
