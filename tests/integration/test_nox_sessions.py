@@ -10,6 +10,7 @@ session's tuple (the noxfile's comment beside the tuple says what the second run
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -165,8 +166,11 @@ def check(source: str, root: Path) -> list[str]:
     defaults, sessions, consts = read_noxfile(source)
     runs: dict[str, set[str]] = {}
     for name in defaults:
-        for path in _files(sessions.get(name, []), root):
-            runs.setdefault(path, set()).add(name)
+        # "ft_core-3.10" is one Python version of the session `ft_core`: a run on another
+        # version is not a second run
+        session = re.sub(r"-\d+\.\d+$", "", name)
+        for path in _files(sessions.get(session, []), root):
+            runs.setdefault(path, set()).add(session)
     declared = {
         session: _files(consts.get(tuple_name, []), root)
         for session, tuple_name in SECOND_RUNS.items()
@@ -241,6 +245,10 @@ def extra(session):
         (("tests/a/test_one.py",), '"a", "b", "integration"', []),
         # `suite` stands for its lanes' sessions: a and b, so test_one.py runs twice.
         ((), '"suite"', ["tests/a/test_one.py: run by ['a', 'b']"]),
+        # two Python versions of one session are one session, not a second run ...
+        ((), '"a-3.10", "a-3.13"', []),
+        # ... but a version of a and b still run test_one.py twice
+        ((), '"a-3.10", "b"', ["tests/a/test_one.py: run by ['a', 'b']"]),
     ],
 )
 def test_the_check_names_a_file_run_twice_or_never(
