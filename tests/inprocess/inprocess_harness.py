@@ -45,22 +45,25 @@ PREIMPORTED_FLAGS = (
 
 
 def free_port_pair() -> int:
-    """A port P with P+1 also free: torchrun's store on P, the wrapper's on P+1.
+    """A port P with P+1 and P+2 also free: torchrun's store on P, the wrapper's on P+1 (or, in
+    scripts shaped like NVRx's examples, the application's on P+1 and the wrapper's on P+2).
 
-    Drawn below Linux's ephemeral range (32768-60999), so that no client socket of another
-    test takes P+1 between this check and the moment rank 0 binds it.
+    P is a multiple of 4, so two tests' ports never overlap, and is drawn below Linux's
+    ephemeral range (32768-60999), so that no client socket of another test takes P+1 or P+2
+    between this check and the moment a rank binds it.
     """
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(20000, 32000, 2)
+        port = rng.randrange(20000, 32000, 4)
         try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
+            with contextlib.ExitStack() as stack:
+                for offset in range(3):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port + offset))
         except OSError:
             continue
         return port
-    raise RuntimeError("no free pair of ports on 127.0.0.1 in 20000-32000")
+    raise RuntimeError("no three free ports in a row on 127.0.0.1 in 20000-32000")
 
 
 @dataclass

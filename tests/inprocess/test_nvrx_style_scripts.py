@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inprocess_harness import NPROC, Run, Torchrun
+from inprocess_harness import NPROC, PREIMPORTED_FLAGS, FtLauncher, Run, Torchrun
 
 JOB = Path(__file__).parent / "jobs" / "nvrx_style.py"
 FAULT_RANK, FAULT_AT, RESUME_AT = 2, 30, 19  # --chkpt-interval 20: saved at iteration 19
@@ -22,8 +22,9 @@ FAULT_RANK, FAULT_AT, RESUME_AT = 2, 30, 19  # --chkpt-interval 20: saved at ite
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("nvrx_style")]
 
 
-def _run(tmp: Path, *args: str) -> Run:
-    runner = Torchrun(tmp, job=JOB)
+def _run(tmp: Path, *args: str, launcher: type[Torchrun] = Torchrun) -> Run:
+    flags = PREIMPORTED_FLAGS if launcher is FtLauncher else ()
+    runner = launcher(tmp, job=JOB, flags=flags)
     (tmp / "ckpt").mkdir()
     try:
         return runner.run(*args, "--path", str(tmp / "ckpt"), "--chkpt-interval", "20")
@@ -33,7 +34,8 @@ def _run(tmp: Path, *args: str) -> Run:
 
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    run = _run(tmp_path_factory.mktemp("unbroken"), "--mode", "basic")
+    # forked from ft-launcher's pre-imported server: the reference's launcher is not the subject
+    run = _run(tmp_path_factory.mktemp("unbroken"), "--mode", "basic", launcher=FtLauncher)
     assert run.returncode == 0, run.output[-6000:]
     finals = [r["params"] for r in run.records if r["event"] == "done"]
     assert len(finals) == NPROC and all(f == finals[0] for f in finals)
