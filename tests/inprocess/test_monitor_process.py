@@ -80,7 +80,7 @@ def test_a_rank_holding_the_gil_is_ended_and_its_respawn_requested(tmp_path: Pat
     reason = request.read_text()
     assert "rank 3 could not be aborted in-process" in reason
     assert "its main thread holds the GIL" in reason and "(hard_timeout 1 s)" in reason
-    assert f"[inprocess monitor process] rank 3 (pid {rank.pid}): {reason}" in err
+    assert f"[inprocess monitor_process] rank 3 (target_pid={rank.pid}): {reason}" in err
     assert not list(tmp_path.glob(".*.tmp")), "the request is written whole (renamed)"
 
 

@@ -132,7 +132,7 @@ def test_a_rank_holding_the_gil_is_ended_by_its_monitor_process_respawned_and_he
         launcher_args=RESPAWN_PREIMPORTED,
     )
     assert run.returncode == 0, run.output[-8000:]
-    assert "[inprocess monitor process] rank 2" in run.output, run.output[-8000:]
+    assert "[inprocess monitor_process] rank 2" in run.output, run.output[-8000:]
     assert "its main thread holds the GIL" in run.output
     assert "Timeout (0:00:11)!" in run.output  # faulthandler's stack dump, before the kill
     assert "respawned it alone as pid" in run.output, run.output[-8000:]

@@ -145,17 +145,21 @@ def check_repeat_limit(value: Any) -> None:
         )
 
 
-def check_store_kwargs(store_kwargs: dict[str, Any] | None, custom_factory: bool) -> None:
-    """Check the keyword arguments of the built-in store (anything goes for a custom factory).
+def check_store(store_factory: Any, store_kwargs: dict[str, Any] | None) -> None:
+    """Check the store factory and the keyword arguments of the built-in store (anything goes
+    for a custom factory's).
 
     Raises:
-        ConfigError: not a dict, or an unknown key for the built-in store.
+        ConfigError: a factory that is not callable, keyword arguments that are not a dict, or
+            an unknown key for the built-in store.
     """
+    if store_factory is not None and not callable(store_factory):
+        raise ConfigError(f"Wrapper(store_factory={store_factory!r}): expected a callable")
     if store_kwargs is None:
         return
     if not isinstance(store_kwargs, dict):
         raise ConfigError(f"Wrapper(store_kwargs={store_kwargs!r}): expected a dict or None")
-    if custom_factory:
+    if store_factory is not None:
         return
     for key in store_kwargs:
         if key not in STORE_KWARGS:

@@ -33,7 +33,7 @@ def _die_with(parent: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError) as exc:  # not Linux: the pipe's EOF still ends it
-        sys.stderr.write(f"[inprocess monitor process] no parent-death signal: {exc}\n")
+        sys.stderr.write(f"[inprocess monitor_process] no parent-death signal: {exc}\n")
     if os.getppid() != parent:
         os._exit(0)
 
@@ -43,14 +43,15 @@ _LOGFILE: list[str] = []  # set once by _main: the Wrapper's monitor_process_log
 
 def _say(rank: int, pid: int, text: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    line = f"{stamp} [inprocess monitor process] rank {rank} (pid {pid}): {text}\n"
+    # "monitor_process" and "target_pid" as in NVRx's lines, which its users' tooling greps
+    line = f"{stamp} [inprocess monitor_process] rank {rank} (target_pid={pid}): {text}\n"
     if _LOGFILE:
         try:
             with open(_LOGFILE[0], "a") as f:
                 f.write(line)
             return
         except OSError as exc:
-            sys.stderr.write(f"[inprocess monitor process] cannot write {_LOGFILE[0]}: {exc}\n")
+            sys.stderr.write(f"[inprocess monitor_process] cannot write {_LOGFILE[0]}: {exc}\n")
     sys.stderr.write(line)
     sys.stderr.flush()
 

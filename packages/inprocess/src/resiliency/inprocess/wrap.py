@@ -26,6 +26,7 @@ from resiliency.inprocess import (
     _arguments,
     _barriers,
     _gloo_sockets,
+    _log_check,
     _rejoin,
     _stop_rule,
     _torch_compat,
@@ -141,9 +142,7 @@ class Wrapper:
         values = dict(locals())
         _arguments.reject_unknown(unknown, tuple(inspect.signature(Wrapper).parameters))
         _arguments.check_timedeltas(values)
-        if store_factory is not None and not callable(store_factory):
-            raise ConfigError(f"Wrapper(store_factory={store_factory!r}): expected a callable")
-        _arguments.check_store_kwargs(store_kwargs, store_factory is not None)
+        _arguments.check_store(store_factory, store_kwargs)
         _arguments.check_callback("initialize", initialize, Initialize)
         _arguments.check_callback("abort", abort, Abort)
         _arguments.check_callback("finalize", finalize, Finalize)
@@ -174,6 +173,7 @@ class Wrapper:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            _log_check.warn_if_unconfigured(log)
             with CallWrapper(self) as call_wrapper:
                 return call_wrapper(fn, args, kwargs)
 
