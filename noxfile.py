@@ -64,28 +64,31 @@ nox.options.reuse_existing_virtualenvs = False
 # sessions keep ~1.9 cores busy while the others leave most of a core idle (measured on a clean
 # clone, issue 31: ft_core 1.1, simulator 1.26, ptl 1.45, ptl_standalone 1.26, demo 0.8). Lane 0
 # holds the CPU-bound multi-process sessions, longest first; lane 1 the others, quick feedback
-# (lint, typecheck) first. A name stands for each of its Python versions.
+# (lint, typecheck) first and the shortest last, so that the two lanes end close together (a
+# clean-clone run that ended with supervisor, 130 s, left the other lane idle for 65 s).
+# A name stands for each of its Python versions.
 # The torch-free packages (ft_core, goodput, straggler) run on the oldest and the newest Python
 # they support here; `nox -s ft_core` runs all four. The versions between add nothing the two
 # ends do not cover (a syntax or stdlib change shows at one end; a removal stays removed), and
 # 3.11's is run by every torch session, which imports and drives these packages: four versions
 # cost 4 x 52 s of CPU for ft_core alone, measured on this machine (issue 31).
 SUITE_LANES = (
-    ("integration", "checkpoint", "ft_launcher", "inprocess", "supervisor"),
+    ("integration", "checkpoint", "ft_launcher", "inprocess"),
     (
         "lint",
         "typecheck",
         "ptl",
         "simulator",
+        "supervisor",
         "ptl_standalone",
         "ft_core-3.10",
         "ft_core-3.13",
         "straggler_cupti",
+        "build",
         "goodput-3.10",
         "goodput-3.13",
         "straggler-3.10",
         "straggler-3.13",
-        "build",
     ),
 )
 nox.options.sessions = ["suite"]
