@@ -1,8 +1,10 @@
 """Sharded state rolls back in-process to the newest local-tier step every rank holds.
 
 2 gloo ranks of tests/inprocess/jobs/fsdp_rollback.py (FSDP2 ``fully_shard`` on CPU, SGD with
-momentum, a ``CheckpointManager`` with a ``LocalTier`` saving every 3 steps) under plain
-torchrun and ``inprocess.Wrapper``. Rank 1 raises at the start of step 7, after the local
+momentum, a ``CheckpointManager`` with a ``LocalTier`` saving every 3 steps) under
+``inprocess.Wrapper``, every rank forked from ft-launcher's pre-imported server (the cheapest
+start of the ranks; the launcher is not the subject, and the in-process tests run the Wrapper
+under plain torchrun too). Rank 1 raises at the start of step 7, after the local
 saves of steps 3 and 6: both ranks resume in the same processes at step 6 with their shards
 equal to an unbroken run's at step 6, and train to the end like it; the goodput ledger
 records the rollback (step 6, 1 step lost: step 7 is trained again) and ``resiliency-goodput
@@ -12,9 +14,7 @@ after the save of step 6 was started), the monitors abort the group and both ran
 one agreed local step; the same on the issue's 4 ranks. When a rank is SIGKILLed under
 ``ft-launcher --ft-inprocess-respawn`` (2 and 4 ranks), it is respawned alone, the new process
 joins, and every rank (the survivors in their own processes) rolls back to one agreed step. Every
-iteration's manager is closed and leaves no writer process. The unbroken reference and the
-older-step case fork their ranks from ft-launcher's pre-imported server instead (cheaper; the
-launcher is not their subject).
+iteration's manager is closed and leaves no writer process.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from resiliency.goodput import DIR_ENV, compute, read_ledger, validate_event
 from resiliency.goodput.cli import main as report_main
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "inprocess"))
-from inprocess_harness import FT_LAUNCHER_FLAGS, REPO, FtLauncher, Torchrun
+from inprocess_harness import FT_LAUNCHER_FLAGS, REPO, FtLauncher
 
 JOB = REPO / "tests" / "inprocess" / "jobs" / "fsdp_rollback.py"
 NPROC = 2
@@ -62,15 +62,11 @@ def run_job(
     *job_args: str,
     env: dict[str, str] | None = None,
     nproc: int = NPROC,
-    ft_launcher: tuple[str, ...] | None = None,
+    ft_launcher: tuple[str, ...] = PREIMPORTED,
 ) -> tuple[int, str, list[dict]]:
-    """One torchrun of the job (or ft-launcher with these flags); its session is killed by pid
-    if it outlives 300 s."""
-    runner = (
-        Torchrun(tmp, nproc, job=JOB)
-        if ft_launcher is None
-        else FtLauncher(tmp, nproc, job=JOB, flags=ft_launcher)
-    )
+    """One ft-launcher run of the job with these flags; its session is killed by pid if it
+    outlives 300 s."""
+    runner = FtLauncher(tmp, nproc, job=JOB, flags=ft_launcher)
     try:
         run = runner.run(*job_args, timeout=300, env=env)
     finally:
@@ -99,10 +95,7 @@ def shard_at(records: list[dict], rank: int, step: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict]]:
-    # which launcher started the ranks does not change what they train
-    code, output, records = run_job(
-        tmp_path_factory.mktemp("fsdp-unbroken"), ft_launcher=PREIMPORTED
-    )
+    code, output, records = run_job(tmp_path_factory.mktemp("fsdp-unbroken"))
     assert code == 0, output[-6000:]
     yield records
 
@@ -169,9 +162,7 @@ def test_every_rank_rolls_back_in_process_to_the_newest_local_step(
 def test_a_rank_with_an_older_newest_step_makes_everyone_take_the_common_step(
     tmp_path: Path, unbroken: list[dict]
 ) -> None:
-    code, output, records = run_job(
-        tmp_path, "--raise", "1@7", "--stale", "0", ft_launcher=PREIMPORTED
-    )
+    code, output, records = run_job(tmp_path, "--raise", "1@7", "--stale", "0")
     assert code == 0, output[-6000:]
     assert_rolled_back(output, records, unbroken, step=3)
     assert "rank 0: rollback: every rank resumes at step 3 (4 steps lost" in output
