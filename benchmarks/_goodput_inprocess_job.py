@@ -32,6 +32,7 @@ port) stays open too: an ``init_process_group`` waiting for a dead peer ends at
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from datetime import timedelta
@@ -181,6 +182,9 @@ def main() -> None:
     p.add_argument("--soft-timeout", type=float, default=30.0)
     args = p.parse_args()
     torch.set_num_threads(1)
+    # the Wrapper's restart lines (warnings), in the rank's log as they were before it asked
+    # for a configured logging
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     job = _Job(args)
     wrapper = inprocess.Wrapper(
         store_factory=job.wrapper_store,

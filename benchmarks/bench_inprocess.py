@@ -90,7 +90,9 @@ def train(iteration, healer=None, call_wrapper=None):
     dist.destroy_process_group()
 
 if mode == "inprocess":
+    import logging
     from resiliency import inprocess
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the restart lines
     wrapper = inprocess.Wrapper(monitor_thread_interval=timedelta(seconds=0.1),
                                 heartbeat_interval=timedelta(seconds=0.5))
     healer = inprocess.Healer({"model": model, "opt": opt}, step=0) if fault == "kill" else None
