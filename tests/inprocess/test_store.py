@@ -10,10 +10,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from resiliency import inprocess
 from resiliency.inprocess.exception import ConfigError
-from resiliency.inprocess.store import FileStore, TCPStore
+from resiliency.inprocess.store import FileStore, StoreMixin, TCPStore
 
 SHORT = timedelta(seconds=20)
 
@@ -105,3 +106,27 @@ def test_file_store_is_torchs(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path / "store"), 1)
     store.set("a", "b")
     assert store.get("a") == b"b"
+
+
+def test_a_custom_store_written_for_nvrx_subclasses_store_mixin_and_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    made: list[object] = []
+
+    class SharedFileStore(StoreMixin, dist.FileStore):  # NVRx's way to write one
+        def __init__(self, file_name: str, world_size: int) -> None:
+            super().__init__(file_name, world_size)
+            made.append(self)
+
+    @inprocess.Wrapper(
+        store_factory=SharedFileStore,
+        store_kwargs={"file_name": str(tmp_path / "store"), "world_size": 1},
+    )
+    def train() -> int:
+        return 5
+
+    assert train() == 5
+    assert len(made) == 1
+    assert all(issubclass(c, StoreMixin) for c in (TCPStore, FileStore))

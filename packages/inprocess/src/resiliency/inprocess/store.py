@@ -8,9 +8,12 @@ rank ``tcp_store_host_rank`` (0). The wrapper's own default store (rank 0's, at
 ``MASTER_PORT + 1``) is one too, so ``isinstance`` checks on it hold. :class:`FileStore` is
 torch's ``FileStore`` under NVRx's name.
 
-NVRx's ``StoreMixin`` methods (its barriers, states and keys sent with pickle) are the internal
-protocol of its wrapper; the wrapper here keeps its own keys and never pickles anything that
-crosses processes, so they are not provided.
+NVRx's ``StoreMixin`` is the base class of the stores its wrapper accepts, so a custom store
+written for NVRx subclasses it (``class MyStore(inprocess.store.StoreMixin, dist.FileStore)``).
+Here :class:`StoreMixin` is that base class without NVRx's methods (its barriers, states and keys
+sent with pickle: the internal protocol of its wrapper): the wrapper here uses any store through
+torch's ``Store`` API, keeps its own keys and never pickles anything that crosses processes. So
+such a subclass imports, is accepted and works; the classes here derive from it too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch.distributed as dist
 
 from resiliency.inprocess.exception import ConfigError
 
-__all__ = ["FileStore", "TCPStore"]
+__all__ = ["FileStore", "StoreMixin", "TCPStore"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,16 @@ def _from_env(name: str, argument: str) -> str:
     return value
 
 
-class TCPStore(dist.TCPStore):
+class StoreMixin:
+    """The base class of NVRx's stores, kept so that a custom store written for NVRx imports.
+
+    It adds nothing: the wrapper talks to a store through torch's ``Store`` API only (a class
+    that defines NVRx's ``send_key``/``get_keys``/``send_state``/``get_states`` has them used by
+    ``rank_assignment.Tree``, as in NVRx).
+    """
+
+
+class TCPStore(StoreMixin, dist.TCPStore):
     """A TCPStore hosted by one rank and reached by the others, with NVRx's arguments.
 
     Args:
@@ -143,5 +155,5 @@ class TCPStore(dist.TCPStore):
         return () if self.tcp_store_host_rank == -1 else (self.tcp_store_host_rank,)
 
 
-class FileStore(dist.FileStore):
+class FileStore(StoreMixin, dist.FileStore):
     """torch's ``FileStore`` (a file on a shared file system), under NVRx's name."""
