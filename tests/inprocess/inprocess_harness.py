@@ -44,7 +44,7 @@ PREIMPORTED_FLAGS = (
 )
 
 
-def free_port_pair() -> int:
+def free_port_run() -> int:
     """A port P with P+1 and P+2 also free: torchrun's store on P, the wrapper's on P+1 (or, in
     scripts shaped like NVRx's examples, the application's on P+1 and the wrapper's on P+2).
 
@@ -123,7 +123,7 @@ class Torchrun:
             "--master-addr",
             "127.0.0.1",
             "--master-port",
-            str(free_port_pair()),
+            str(free_port_run()),
             *self.flags,
             str(self.job),
             "--out",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from inprocess_harness import free_port_run
 
 from resiliency import inprocess
 from resiliency.inprocess.exception import ConfigError, RepeatedFaultError
@@ -161,25 +162,10 @@ def test_an_internal_error_of_the_first_assignment_restarts_and_the_next_error_s
         train()
 
 
-def _free_port_pair() -> int:
-    """A port P with P + 1 free too (the default store listens on MASTER_PORT + 1)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise AssertionError("no two consecutive free ports on 127.0.0.1")
-
-
 def test_the_wrapped_function_can_be_called_again_on_the_same_port(
     one_rank: dist.HashStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _free_port_pair()
+    port = free_port_run()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
 

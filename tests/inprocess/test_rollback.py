@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from inprocess_harness import REPO, free_port_pair
+from inprocess_harness import REPO, free_port_run
 
 from resiliency.inprocess import Rollback
 from resiliency.inprocess.exception import ConfigError
@@ -29,7 +29,7 @@ class Pair:
 
     def run(self, *ranks: tuple[int, int]) -> list[dict]:
         """Each rank's (step, trained) -> each rank's printed JSON, in rank order."""
-        port = free_port_pair()
+        port = free_port_run()
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for rank, (step, trained) in enumerate(ranks):
             args = [rank, len(ranks), port, step, trained]

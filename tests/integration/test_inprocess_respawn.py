@@ -37,7 +37,7 @@ from inprocess_harness import (
     PREIMPORTED_FLAGS,
     FtLauncher,
     Run,
-    free_port_pair,
+    free_port_run,
     unbroken_params_at,
 )
 
@@ -186,7 +186,7 @@ def test_the_rank_hosting_the_store_that_cannot_be_aborted_restarts_the_whole_gr
         tmp_path,
         *HEAL,
         "--store-port",
-        str(free_port_pair()),
+        str(free_port_run()),
         "--hang-masked",
         f"0@{FAULT_STEP}",
         *SHORT_TIMEOUTS,

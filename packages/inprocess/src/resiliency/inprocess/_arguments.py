@@ -5,12 +5,11 @@ from __future__ import annotations
 import difflib
 import logging
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 from resiliency.inprocess.compose import Compose
-from resiliency.inprocess.exception import ConfigError, UnassignedRankError
+from resiliency.inprocess.exception import ConfigError
 from resiliency.inprocess.rank_assignment import RankAssignment, Tree
-from resiliency.inprocess.state import State
 
 log = logging.getLogger(__name__)
 
@@ -169,19 +168,3 @@ def check_store(store_factory: Any, store_kwargs: dict[str, Any] | None) -> None
                 f"Wrapper(store_kwargs): unknown key {key!r} for the built-in store "
                 f"(valid: {', '.join(STORE_KWARGS)}){hint}"
             )
-
-
-def fail_unassigned(state: State) -> NoReturn:
-    """Raise, as NVRx does, in an iteration whose rank assignment left this rank
-    ``INITIALIZED`` (no assignment of the chain activated, deactivated or terminated it, so it
-    would neither call the function nor wait as a spare): a fault of that iteration.
-
-    Raises:
-        UnassignedRankError: always (an ``InternalError``), naming the rank.
-    """
-    raise UnassignedRankError(
-        # No iteration in it: the stop rule compares the messages of successive faults.
-        f"rank {state.rank}: the rank assignment left it in mode INITIALIZED; a rank_assignment "
-        "must set ACTIVE, INACTIVE or TERMINATED (end a custom chain with ActivateAllRanks() or "
-        "ShiftRanks())"
-    )

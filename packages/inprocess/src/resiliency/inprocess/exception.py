@@ -33,7 +33,19 @@ class InternalError(RestartError):
 class UnassignedRankError(InternalError):
     """A rank assignment left this rank ``INITIALIZED`` (neither active, a spare nor
     terminated). Raised in the iteration and restarted like a fault of the function, as NVRx's
-    ``InternalError`` there is."""
+    ``InternalError`` there is.
+
+    Args:
+        rank: the rank left unassigned, named in the message.
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(
+            # No iteration in it: the stop rule compares the messages of successive faults.
+            f"rank {rank}: the rank assignment left it in mode INITIALIZED; a rank_assignment "
+            "must set ACTIVE, INACTIVE or TERMINATED (end a custom chain with ActivateAllRanks() "
+            "or ShiftRanks())"
+        )
 
 
 class TimeoutError(RestartError):  # NVRx's name, kept for drop-in imports

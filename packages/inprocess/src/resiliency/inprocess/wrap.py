@@ -358,7 +358,7 @@ class CallWrapper:
                 self.wrapper.initialize(state.freeze())
             ret = None
             if state.mode is Mode.INITIALIZED:  # a fault of this iteration, as in NVRx
-                _arguments.fail_unassigned(state)
+                raise UnassignedRankError(state.rank)
             if state.mode == Mode.ACTIVE:
                 name, size = getattr(fn, "__name__", fn), state.active_world_size
                 log.info(
