@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +18,26 @@ from resiliency.straggler import Detector, Report
 FAST_S = 0.02
 IO_S = 0.01
 ITERATIONS = 8
+
+
+class _Clock:
+    """The Detector's clock, advanced by the section bodies: a section lasts exactly what it says.
+
+    Sleeps of 20 and 40 ms are not 1:2 on a loaded two-core machine; this clock makes the scores
+    exact and leaves the collectives (gathers, the schedule's agreement) real.
+    """
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)
+
+
+CLOCK = _Clock()
 
 
 def _scores(report: Report | None) -> dict | None:
@@ -41,14 +60,16 @@ def _scores(report: Report | None) -> dict | None:
 def _window(rank: int, slow_ranks: set[int]) -> None:
     for _ in range(ITERATIONS):
         with Detector.detection_section("compute"):
-            time.sleep(FAST_S * (2 if rank in slow_ranks else 1))
+            CLOCK.advance(FAST_S * (2 if rank in slow_ranks else 1))
         with Detector.detection_section("io", profile_cuda=False):
-            time.sleep(IO_S)
+            CLOCK.advance(IO_S)
 
 
 def relative_and_individual(rank: int) -> dict:
     """Rank 2 is 2x slower in "compute"; in the second window rank 1 slows down too."""
-    Detector.initialize(scores_to_compute="all", gather_on_rank0=True, node_name=f"node{rank // 2}")
+    Detector.initialize(
+        scores_to_compute="all", gather_on_rank0=True, node_name=f"node{rank // 2}", clock=CLOCK
+    )
     _window(rank, {2})
     first = Detector.generate_report()
     _window(rank, {1, 2})
@@ -59,7 +80,9 @@ def relative_and_individual(rank: int) -> dict:
 
 def per_rank_reports(rank: int) -> dict:
     """gather_on_rank0=False: every rank gets its own relative score."""
-    Detector.initialize(scores_to_compute=["relative_perf_scores"], gather_on_rank0=False)
+    Detector.initialize(
+        scores_to_compute=["relative_perf_scores"], gather_on_rank0=False, clock=CLOCK
+    )
     _window(rank, {2})
     report = Detector.generate_report()
     Detector.shutdown()
@@ -68,11 +91,11 @@ def per_rank_reports(rank: int) -> dict:
 
 def interval_decisions(rank: int) -> dict:
     """Ranks run at different paces; reports must come in the same iteration everywhere."""
-    Detector.initialize(report_time_interval=0.25)
+    Detector.initialize(report_time_interval=0.25, clock=CLOCK)
     reported_at = []
     for iteration in range(50):
         with Detector.detection_section("step"):
-            time.sleep(0.008 + 0.003 * rank)
+            CLOCK.advance(0.008 + 0.003 * rank)
         Detector.generate_report_if_interval_elapsed()
         if Detector.is_interval_elapsed():  # a report was produced by that call (on rank 0)
             reported_at.append(iteration)
@@ -86,11 +109,11 @@ def sub_groups(rank: int) -> dict:
     group_a = dist.new_group([0, 2])
     group_b = dist.new_group([1, 3])
     group = group_a if rank in (0, 2) else group_b
-    Detector.initialize(process_group=group, report_time_interval=0.2)
+    Detector.initialize(process_group=group, report_time_interval=0.2, clock=CLOCK)
     reports = []
     for _ in range(40):
         with Detector.detection_section("compute"):
-            time.sleep(FAST_S * (2 if rank == 2 else 1))
+            CLOCK.advance(FAST_S * (2 if rank == 2 else 1))
         report = Detector.generate_report_if_interval_elapsed()
         if Detector.is_interval_elapsed():
             reports.append(_scores(report))
@@ -101,12 +124,14 @@ def sub_groups(rank: int) -> dict:
 
 def individual_without_communication(rank: int) -> dict:
     """Individual scores kept per rank need no collective: ranks report different counts."""
-    Detector.initialize(scores_to_compute=["individual_perf_scores"], gather_on_rank0=False)
+    Detector.initialize(
+        scores_to_compute=["individual_perf_scores"], gather_on_rank0=False, clock=CLOCK
+    )
     results = []
     for window in range(1 + (rank == 0) * 2):
         for _ in range(4):
             with Detector.detection_section("compute"):
-                time.sleep(FAST_S * (2 if window == 2 else 1))
+                CLOCK.advance(FAST_S * (2 if window == 2 else 1))
         results.append(_scores(Detector.generate_report()))
     Detector.shutdown()
     return {"reports": results}
@@ -115,7 +140,7 @@ def individual_without_communication(rank: int) -> dict:
 def gpu_scores(rank: int) -> dict:
     """The fake kernel-profiler plug-in reports 2x slower kernels on rank 3."""
     os.environ["RESILIENCY_STRAGGLER_KERNEL_PROFILER"] = "good"
-    Detector.initialize()
+    Detector.initialize(clock=CLOCK)
     for _ in range(3):
         with Detector.detection_section("forward"):
             pass

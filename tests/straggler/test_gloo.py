@@ -45,12 +45,11 @@ def test_slow_rank_flagged_only_in_its_section(results: dict[int, dict]) -> None
     first = results[0]["relative_and_individual"]["first"]
     compute = first["section_relative"]["compute"]
     assert set(compute) == {"0", "1", "2", "3"}
-    assert 0.4 <= compute["2"] <= 0.6, compute
-    for rank in ("0", "1", "3"):
-        assert compute[rank] > 0.8, compute
+    # The worker's clock makes every section last exactly what it says: the scores are exact.
+    assert compute == {"0": 1.0, "1": 1.0, "2": 0.5, "3": 1.0}
     assert first["stragglers"]["straggler_sections_relative"] == {"compute": [[2, "node1"]]}
     assert first["rank_to_node"] == {"0": "node0", "1": "node0", "2": "node1", "3": "node1"}
-    assert min(first["section_relative"]["io"].values()) > 0.75
+    assert set(first["section_relative"]["io"].values()) == {1.0}
 
 
 def test_individual_scores_drop_when_a_rank_slows_down(results: dict[int, dict]) -> None:
@@ -58,9 +57,7 @@ def test_individual_scores_drop_when_a_rank_slows_down(results: dict[int, dict])
     second = results[0]["relative_and_individual"]["second"]
     assert all(score == 1.0 for score in first.values())
     individual = second["section_individual"]["compute"]
-    assert 0.4 <= individual["1"] <= 0.6, individual
-    for rank in ("0", "2", "3"):
-        assert individual[rank] > 0.8, individual
+    assert individual == {"0": 1.0, "1": 0.5, "2": 1.0, "3": 1.0}
     assert second["stragglers"]["straggler_sections_individual"] == {"compute": [[1, "node0"]]}
 
 
@@ -79,7 +76,7 @@ def test_gather_on_rank0_false_gives_each_rank_its_own_relative_score(
         report = results[rank]["per_rank_reports"]
         assert list(report["section_relative"]["compute"]) == [str(rank)]
         score = report["section_relative"]["compute"][str(rank)]
-        assert (0.4 <= score <= 0.6) if rank == 2 else score > 0.8
+        assert score == (0.5 if rank == 2 else 1.0)
         assert report["section_individual"] == {}
 
 
@@ -100,8 +97,8 @@ def test_sub_groups_report_only_their_members(results: dict[int, dict]) -> None:
     scores_a = group_a[0]["section_relative"]["compute"]
     scores_b = group_b[0]["section_relative"]["compute"]
     assert set(scores_a) == {"0", "2"} and set(scores_b) == {"1", "3"}
-    assert 0.4 <= scores_a["2"] <= 0.6 and scores_a["0"] == 1.0
-    assert min(scores_b.values()) > 0.8
+    assert scores_a == {"0": 1.0, "2": 0.5}
+    assert scores_b == {"1": 1.0, "3": 1.0}
     # Non-root members of each group get no report (None), in the same call.
     assert results[2]["sub_groups"]["reports"] == [None]
 
@@ -110,7 +107,7 @@ def test_individual_scores_per_rank_need_no_collective(results: dict[int, dict])
     # Rank 0 reported three times, the others once: any collective would have hung.
     rank0 = results[0]["individual_without_communication"]["reports"]
     assert len(rank0) == 3
-    assert 0.4 <= rank0[2]["section_individual"]["compute"]["0"] <= 0.6
+    assert rank0[2]["section_individual"]["compute"]["0"] == 0.5
     for rank in (1, 2, 3):
         reports = results[rank]["individual_without_communication"]["reports"]
         assert len(reports) == 1
