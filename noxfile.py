@@ -318,7 +318,8 @@ def ptl_standalone(session: nox.Session) -> None:
     The same installs as ``ptl`` plus ``pytorch-lightning`` (pinned beside ``lightning`` in
     constraints.txt); ``RESILIENCY_TEST_LIGHTNING=pytorch_lightning`` makes the tests, their job
     scripts and the example they load train through ``pytorch_lightning`` instead of
-    ``lightning.pytorch`` (tests/ptl_resiliency/lightning_flavour.py). About two minutes.
+    ``lightning.pytorch`` (tests/ptl_resiliency/lightning_flavour.py). About a minute: the jobs
+    fork from a zygote that imported the flavour once (tests/ptl_resiliency/job_zygote.py).
     """
     _install(session, *PTL_PACKAGES, "pytorch-lightning", *TEST_DEPS)
     _warm(session, "resiliency.ptl", "pytorch_lightning", *LAUNCHER_MODULES)

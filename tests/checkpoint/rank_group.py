@@ -22,21 +22,19 @@ deadlock the child). A test that needs its ranks in one mount namespace runs thi
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
-import io
 import json
 import os
-import random
-import runpy
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/, for forked_script
+from forked_script import run_script_and_exit
 
 PREIMPORT_ENV = "RANK_GROUP_PREIMPORT"
 RANK_ENVS_ENV = "RANK_GROUP_ENVS"
@@ -51,45 +49,16 @@ def _returncode(status: int) -> int:
 
 def _rank_main(env: dict[str, str], log: Path, argv: list[str]) -> None:
     """In the forked child: become ``python WORKER ARGS`` with ``env``; never returns."""
-    code = 1
     try:
         os.environ.update(env)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        if os.environ.get("PYTHONUNBUFFERED"):
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, io.TextIOWrapper):
-                    stream.reconfigure(line_buffering=True, write_through=True)
-        random.seed()  # a new interpreter would seed it from the OS, not share the parent's
-        sys.argv = list(argv)
-        sys.path[0] = str(Path(argv[0]).resolve().parent)
-        try:
-            runpy.run_path(argv[0], run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                print(exc.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-            code = 1
-        # What the interpreter does at exit; its teardown of torch is skipped (os._exit).
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
     except BaseException:
         traceback.print_exc()
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code & 0xFF)
+        os._exit(1)
+    run_script_and_exit(argv)
 
 
 def run(world: int, out: Path, deadline_s: float, argv: list[str]) -> list[int]:

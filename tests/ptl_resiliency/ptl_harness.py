@@ -13,15 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forked_jobs import ForkedJob, Zygote
+from lightning_flavour import MODULE
 
 from resiliency.ft import FaultToleranceConfig, MonitorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 JOB = Path(__file__).resolve().parent / "ptl_train_job.py"
+#: torch's rendezvous variables: a job started by a test is never a rank of the test's own job.
+_RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
+def _kill_group(proc: subprocess.Popen[Any] | ForkedJob) -> None:
     """Kill a process we started and its descendants (it leads its own session)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -32,27 +36,53 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
         pytest.fail(f"process {proc.pid} survived SIGKILL for 10 s")
 
 
+def zygote_modules() -> list[str]:
+    """What the job zygote imports: what every job script imports before it trains."""
+    return ["torch", MODULE, "torch.distributed.checkpoint", "torch._dynamo", "resiliency.ptl"]
+
+
 class Jobs:
-    """Starts training subprocesses (each in its own session) and kills them at teardown."""
+    """Starts training jobs (each in its own session) and kills them at teardown.
 
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
+    A job that runs a script (``argv[0]`` ends in ``.py``) is forked from the pre-imported
+    ``zygote``, as ``python SCRIPT ARGS`` in ROOT; anything else (a console script) is a
+    subprocess.
+    """
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.Popen(
-            [sys.executable, *argv],
-            cwd=ROOT,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+    def __init__(self, zygote: Zygote) -> None:
+        self.zygote = zygote
+        self.procs: list[subprocess.Popen[str] | ForkedJob] = []
+
+    def start(
+        self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[str] | ForkedJob:
+        """Start ``python ARGV``; its output is read by ``finish``, or goes to ``log``."""
+        inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARS}
+        full_env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc: subprocess.Popen[str] | ForkedJob
+        if log is not None:
+            with open(log, "wb") as out:
+                proc = self.zygote.fork(argv, full_env, out.fileno())
+        elif argv[0].endswith(".py"):
+            read_fd, write_fd = os.pipe()
+            try:
+                proc = self.zygote.fork(argv, full_env, write_fd, read_fd)
+            finally:
+                os.close(write_fd)
+        else:
+            proc = subprocess.Popen(
+                [sys.executable, *argv],
+                cwd=ROOT,
+                env=full_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         return proc
 
-    def finish(self, proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    def finish(self, proc: subprocess.Popen[str] | ForkedJob, timeout: float) -> tuple[int, str]:
         """Wait for the process; on timeout kill it and fail with its output."""
         try:
             out, _ = proc.communicate(timeout=timeout)
@@ -70,7 +100,9 @@ class Jobs:
     def kill_all(self) -> None:
         for proc in self.procs:
             _kill_group(proc)
-            if proc.stdout is not None:
+            if isinstance(proc, ForkedJob):
+                proc.release()
+            elif proc.stdout is not None:
                 proc.stdout.close()
 
 

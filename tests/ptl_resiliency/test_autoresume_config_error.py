@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lightning_flavour import MODULE
 from ptl_harness import EXAMPLES, Jobs
 
 from resiliency.checkpoint import CONFIG_ERROR_EXIT_CODE
@@ -43,6 +44,8 @@ def test_ft_launcher_exits_2_without_restarting(
         [
             _ft_launcher(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
             "--monitor-interval", "0.1", "--no-gpu-health-check",
+            # Workers forked from the launcher's pre-imported server, as the README runs it.
+            "--ft-preimport", f"torch,{MODULE}",
             "--exit-status-file", str(status),
             str(TRAIN), "--work-dir", str(tmp_path / "run"), "--autoresume", "--max-steps", "2",
         ],

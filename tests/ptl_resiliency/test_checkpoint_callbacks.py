@@ -13,11 +13,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from ptl_harness import Jobs
 
 from resiliency.checkpoint import EXIT_INFO_DIR_ENV, PREEMPTED_EXIT_CODE_ENV
 from resiliency.ptl import (
@@ -28,7 +28,6 @@ from resiliency.ptl import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "ptl_ckpt_job.py"
 LEAD = 2
 
@@ -44,21 +43,12 @@ def _alive(pid: int) -> bool:
 class _Run:
     """One job (Lightning starts rank 1 as a child of rank 0); output in a file."""
 
-    def __init__(self, work: Path, name: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, jobs: Jobs, work: Path, name: str, args: list[str], env: dict[str, str]
+    ) -> None:
         self.work = work
         self.log_path = work / f"{name}.log"
-        full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            full.pop(var, None)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(JOB), "--work-dir", str(work), *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=full,
-                cwd=ROOT,
-                start_new_session=True,
-            )
+        self.proc = jobs.start([str(JOB), "--work-dir", str(work), *args], env, self.log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -109,12 +99,12 @@ def _committed(work: Path) -> list[int]:
 
 @pytest.mark.parametrize("victim", [1, 0])
 def test_sigterm_to_one_ddp_rank_saves_an_agreed_step_and_resumes(
-    tmp_path: Path, victim: int
+    jobs: Jobs, tmp_path: Path, victim: int
 ) -> None:
     exit_dir = tmp_path / "exit"
     exit_dir.mkdir()
     env = {EXIT_INFO_DIR_ENV: str(exit_dir), PREEMPTED_EXIT_CODE_ENV: "75"}
-    run = _Run(tmp_path, "fit", ["--every", "5", "--step-time", "0.05"], env)
+    run = _Run(jobs, tmp_path, "fit", ["--every", "5", "--step-time", "0.05"], env)
     try:
         pids = run.wait_ready(180)
         deadline = time.monotonic() + 120
@@ -141,7 +131,7 @@ def test_sigterm_to_one_ddp_rank_saves_an_agreed_step_and_resumes(
     assert _committed(tmp_path)[-1] == step
     assert "Received SIGTERM" not in log  # Lightning's own handler never ran
 
-    resume = _Run(tmp_path, "resume", ["--max-steps", str(step + 3), "--step-time", "0"], {})
+    resume = _Run(jobs, tmp_path, "resume", ["--max-steps", str(step + 3), "--step-time", "0"], {})
     try:
         assert resume.wait(180) == 0, resume.log()[-8000:]
     finally:

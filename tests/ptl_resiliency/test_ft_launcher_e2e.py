@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lightning_flavour import MODULE
 from ptl_harness import EXAMPLES, Jobs, job_result
 
 LOOP = EXAMPLES / "ptl_autoresume.py"
@@ -29,6 +30,8 @@ def test_hang_restart_resume_finish_and_loop_stops(jobs: Jobs, tmp_path: Path) -
             str(LOOP), "--flag-file", str(flag), "--max-jobs", "3", "--",
             _ft_launcher(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
             "--ft-param-initial_rank_heartbeat_timeout", "90",
+            # Workers forked from the launcher's pre-imported server, as the README runs it.
+            "--ft-preimport", f"torch,{MODULE}",
             "--ft-param-rank_heartbeat_timeout", "4",
             "--ft-param-workload_check_interval", "0.5",
             "--ft-param-termination_grace_period", "2",

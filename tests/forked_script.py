@@ -1,0 +1,61 @@
+"""Run a Python script as ``__main__`` in a child forked from a pre-imported test process.
+
+Shared by the two test helpers that fork jobs instead of starting fresh interpreters
+(tests/checkpoint/rank_group.py, tests/ptl_resiliency/job_zygote.py); both run as scripts and put
+this directory on ``sys.path`` to import it. What a fresh ``python SCRIPT ARGS`` would do that a
+fork does not is done here: unbuffered streams under ``PYTHONUNBUFFERED``, a fresh ``random``
+seed, ``sys.argv`` and ``sys.path[0]`` of the script, and at the end the interpreter's exit steps
+(join non-daemon threads, atexit handlers, flush) before ``os._exit``, which skips the
+interpreter's teardown of torch (seconds on a busy machine).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import random
+import runpy
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+
+def run_script_and_exit(argv: list[str]) -> NoReturn:
+    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``; exit with its code."""
+    code = 1
+    try:
+        if os.environ.get("PYTHONUNBUFFERED"):
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(line_buffering=True, write_through=True)
+        random.seed()  # a new interpreter would seed it from the OS, not share the parent's
+        sys.argv = list(argv)
+        sys.path[0] = str(Path(argv[0]).resolve().parent)
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code & 0xFF)

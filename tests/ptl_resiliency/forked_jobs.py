@@ -1,0 +1,157 @@
+"""The test side of job_zygote.py: start the pre-imported zygote, fork jobs from it.
+
+A forked job is not a child of the test process, so ``ForkedJob`` gives the part of
+``subprocess.Popen``'s interface the tests use (``pid``, ``args``, ``returncode``, ``poll``,
+``wait``, ``communicate``), from the zygote's answers on the job's own connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ZYGOTE = Path(__file__).resolve().with_name("job_zygote.py")
+#: The zygote's imports (torch, Lightning, DCP): generous, the machine may be busy.
+READY_TIMEOUT_S = 180.0
+
+
+class ZygoteError(RuntimeError):
+    """The zygote did not start, or stopped answering for a job."""
+
+
+class ForkedJob:
+    """One job forked by the zygote; its output is read from ``out_fd`` when one is given."""
+
+    def __init__(self, args: list[str], conn: socket.socket, out_fd: int | None) -> None:
+        self.args = args
+        self.returncode: int | None = None
+        self._conn = conn
+        self._buffer = b""
+        self._out_fd = out_fd
+        self._chunks: list[bytes] = []
+        message = self._message(READY_TIMEOUT_S)
+        if message is None or "pid" not in message:
+            self._close()
+            raise ZygoteError(f"the zygote did not fork {args}: answered {message!r}")
+        self.pid: int = message["pid"]
+
+    def _message(self, timeout: float | None) -> dict | None:
+        """The zygote's next line on this job's connection, or None when ``timeout`` passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._conn], [], [], remaining)[0]:
+                return None
+            data = self._conn.recv(4096)
+            if not data:
+                raise ZygoteError(f"the zygote closed the connection of job {self.args}")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _close(self) -> None:
+        self._conn.close()
+        if self._out_fd is not None:
+            os.close(self._out_fd)
+            self._out_fd = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            message = self._message(timeout)
+            if message is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self.returncode = int(message["returncode"])
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.wait(0.0)
+        return None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, None]:
+        """Read the output to its end and wait for the job, as ``Popen.communicate``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._out_fd is not None:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._out_fd], [], [], remaining)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            data = os.read(self._out_fd, 65536)
+            if data:
+                self._chunks.append(data)
+            else:
+                os.close(self._out_fd)
+                self._out_fd = None
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.wait(remaining)
+        return b"".join(self._chunks).decode(errors="replace") if self._chunks else "", None
+
+    def release(self) -> None:
+        """Close this side's connection and output (after the job was killed and reaped)."""
+        self._close()
+
+
+class Zygote:
+    """A started job_zygote.py; ``fork`` starts a job from it, ``stop`` ends it and its jobs."""
+
+    def __init__(self, sock_dir: Path, modules: list[str], cwd: Path) -> None:
+        self.path = sock_dir / "zygote.sock"
+        self.cwd = cwd
+        self._proc = subprocess.Popen(
+            [sys.executable, str(ZYGOTE), str(self.path), ",".join(modules)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+        )
+        assert self._proc.stdout is not None
+        # Raw reads: a buffered readline could hold "ready" in its buffer while select waits.
+        said = b""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not said.endswith(b"ready\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._proc.stdout], [], [], remaining)[0]:
+                self.stop()
+                raise ZygoteError(f"job_zygote not ready in {READY_TIMEOUT_S} s: {said!r}")
+            data = os.read(self._proc.stdout.fileno(), 4096)
+            if not data:
+                self.stop()
+                raise ZygoteError(f"job_zygote exited before it was ready: {said!r}")
+            said += data
+
+    def fork(
+        self, argv: list[str], env: dict[str, str], out_fd: int, read_fd: int | None = None
+    ) -> ForkedJob:
+        """Fork ``python ARGV`` with ``env``; its stdout and stderr go to ``out_fd``.
+
+        ``read_fd``, the read end of a pipe whose write end is ``out_fd``, is what
+        ``communicate`` reads the output from; the job owns it from here on.
+        """
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(str(self.path))
+            request = {"argv": argv, "env": env, "cwd": str(self.cwd)}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out_fd])
+        except OSError as exc:
+            conn.close()
+            raise ZygoteError(f"could not reach the zygote at {self.path}: {exc}") from exc
+        return ForkedJob(argv, conn, read_fd)
+
+    def stop(self) -> None:
+        """Close its stdin (it kills its jobs and exits); SIGKILL it after 30 s."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(10)
+        self._proc.stdout.close()
