@@ -55,6 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,6 +82,9 @@ _SINGLETON_CMDLINES = (
     "from multiprocessing.resource_tracker import main",
     "from multiprocessing.forkserver import main",
 )
+# The test zygotes (tests/zygote.py, started once per test process by tests/zygote_client.py):
+# kept on purpose like the helpers above, but every job they fork is still checked.
+_ZYGOTE_SCRIPT = str(Path(__file__).resolve().with_name("zygote.py"))
 _CATCHABLE = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 _SIGNAMES = {s.value: s.name for s in signal.Signals}  # real-time signals have no name
 _MISSING = object()
@@ -131,6 +135,7 @@ class RunState:
 
 _owned: dict[int, Owned] = {}  # id(fixturedef) -> what it owns while alive
 _permanent: set[ProcKey] = set()
+_zygotes: set[ProcKey] = set()
 _current: RunState | None = None
 _token = ""
 
@@ -257,9 +262,14 @@ def _proc_leaks(state: RunState) -> dict[ProcKey, str]:
             pass  # a broad fixture's process outliving the fixture's teardown
         elif pid in state.base.pids or not procs.ours(pid) or procs.descends(pid, allowed):
             continue
+        if key in _zygotes:
+            continue
         cmd = _cmdline(pid)
         if any(s in cmd for s in _SINGLETON_CMDLINES):
             _permanent.add(key)
+            continue
+        if info.ppid == procs.me and _ZYGOTE_SCRIPT in cmd.split():
+            _zygotes.add(key)  # the zygote itself; its jobs show its command line too (forks)
             continue
         zombie = " (zombie: exited, never reaped)" if info.state == "Z" else ""
         leaks[key] = (

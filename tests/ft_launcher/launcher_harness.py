@@ -11,8 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from zygote_client import ForkedJob, zygote
+
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 REPO = Path(__file__).resolve().parents[2]
+
+#: What a launcher imports before it parses its flags: torch's elastic agent and the CLI.
+LAUNCHER_ZYGOTE_MODULES = ("torch", "torch.distributed.run", "resiliency.launcher.cli")
 
 # Small timeouts so a hang is found in about a second; the initial timeout leaves room for
 # python start-up on a loaded 2-core machine.
@@ -42,7 +47,7 @@ def free_port() -> int:
 
 
 class Launcher:
-    """One ft-launcher subprocess (in its own process group) with its log in a file."""
+    """One ft-launcher process (in its own process group) with its log in a file."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
@@ -52,14 +57,22 @@ class Launcher:
         if env:
             full_env.update(env)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in kill()/wait()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "resiliency.launcher", *args],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-            cwd=REPO,
-        )
+        # Forked from a zygote that imported torch's elastic agent once: `python -m
+        # resiliency.launcher` in its own session, minus 2 s of imports (tests/zygote.py).
+        argv = ["-m", "resiliency.launcher", *args]
+        forks = zygote(LAUNCHER_ZYGOTE_MODULES)
+        self.proc: subprocess.Popen[bytes] | ForkedJob
+        if forks.can_fork(full_env):
+            self.proc = forks.fork(argv, full_env, self._log.fileno())
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, *argv],
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+                cwd=REPO,
+            )
 
     def wait(self, timeout: float) -> int:
         try:

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from forked_jobs import Zygote
 from lightning_flavour import ENV, MODULE
-from ptl_harness import ROOT, Jobs, Monitors, zygote_modules
+from ptl_harness import Jobs, Monitors, zygote_modules
+from zygote_client import zygote
 
 
 def pytest_report_header() -> str:
@@ -18,21 +18,9 @@ def pytest_report_header() -> str:
     return f"Lightning flavour: {MODULE} ({ENV})"
 
 
-@pytest.fixture(scope="session")
-def zygote() -> Iterator[Zygote]:
-    """One pre-imported job zygote per test process (started by the first test that needs it)."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="ptlzy-"))
-    z = Zygote(sock_dir, zygote_modules(), ROOT)
-    try:
-        yield z
-    finally:
-        z.stop()
-        shutil.rmtree(sock_dir, ignore_errors=True)
-
-
 @pytest.fixture
-def jobs(zygote: Zygote) -> Iterator[Jobs]:
-    j = Jobs(zygote)
+def jobs() -> Iterator[Jobs]:
+    j = Jobs(zygote(zygote_modules()))
     try:
         yield j
     finally:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forked_jobs import ForkedJob, Zygote
 from lightning_flavour import MODULE
+from zygote_client import ForkedJob, Zygote
 
 from resiliency.ft import FaultToleranceConfig, MonitorProcess
 
@@ -36,17 +36,17 @@ def _kill_group(proc: subprocess.Popen[Any] | ForkedJob) -> None:
         pytest.fail(f"process {proc.pid} survived SIGKILL for 10 s")
 
 
-def zygote_modules() -> list[str]:
+def zygote_modules() -> tuple[str, ...]:
     """What the job zygote imports: what every job script imports before it trains."""
-    return ["torch", MODULE, "torch.distributed.checkpoint", "torch._dynamo", "resiliency.ptl"]
+    return ("torch", MODULE, "torch.distributed.checkpoint", "torch._dynamo", "resiliency.ptl")
 
 
 class Jobs:
     """Starts training jobs (each in its own session) and kills them at teardown.
 
     A job that runs a script (``argv[0]`` ends in ``.py``) is forked from the pre-imported
-    ``zygote``, as ``python SCRIPT ARGS`` in ROOT; anything else (a console script) is a
-    subprocess.
+    ``zygote``, as ``python SCRIPT ARGS`` in ROOT; anything else (a console script, or a job
+    whose ``PYTHON*`` variables need a fresh interpreter) is a subprocess.
     """
 
     def __init__(self, zygote: Zygote) -> None:
@@ -60,25 +60,26 @@ class Jobs:
         inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARS}
         full_env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc: subprocess.Popen[str] | ForkedJob
-        if log is not None:
-            with open(log, "wb") as out:
+        forkable = argv[0].endswith(".py") and self.zygote.can_fork(full_env)
+        with open(log, "wb") if log else contextlib.nullcontext() as out:
+            if forkable and out is not None:
                 proc = self.zygote.fork(argv, full_env, out.fileno())
-        elif argv[0].endswith(".py"):
-            read_fd, write_fd = os.pipe()
-            try:
-                proc = self.zygote.fork(argv, full_env, write_fd, read_fd)
-            finally:
-                os.close(write_fd)
-        else:
-            proc = subprocess.Popen(
-                [sys.executable, *argv],
-                cwd=ROOT,
-                env=full_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
+            elif forkable:
+                read_fd, write_fd = os.pipe()
+                try:
+                    proc = self.zygote.fork(argv, full_env, write_fd, read_fd)
+                finally:
+                    os.close(write_fd)
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, *argv],
+                    cwd=ROOT,
+                    env=full_env,
+                    stdout=subprocess.PIPE if out is None else out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
         self.procs.append(proc)
         return proc
 

@@ -1,25 +1,37 @@
-"""The test side of job_zygote.py: start the pre-imported zygote, fork jobs from it.
+"""The test side of tests/zygote.py: start pre-imported zygotes, fork jobs from them.
 
-A forked job is not a child of the test process, so ``ForkedJob`` gives the part of
-``subprocess.Popen``'s interface the tests use (``pid``, ``args``, ``returncode``, ``poll``,
-``wait``, ``communicate``), from the zygote's answers on the job's own connection.
+``zygote(modules)`` gives this test process's zygote for those imports, started on first use
+and kept until the process exits (the leak checks in tests/conftest.py know it by its command
+line, and still check every job it forks). A forked job is not a child of the test process, so
+``ForkedJob`` gives the part of ``subprocess.Popen``'s interface the tests use (``pid``,
+``args``, ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``), from the
+zygote's answers on the job's own connection.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import select
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ZYGOTE = Path(__file__).resolve().with_name("job_zygote.py")
+ZYGOTE = Path(__file__).resolve().with_name("zygote.py")
+REPO = Path(__file__).resolve().parents[1]
 #: The zygote's imports (torch, Lightning, DCP): generous, the machine may be busy.
 READY_TIMEOUT_S = 180.0
+
+
+#: Variables the fork applies to the job itself (tests/zygote.py, tests/forked_script.py).
+_APPLIED_BY_FORK = {"PYTHONUNBUFFERED", "PYTHONPATH"}
 
 
 class ZygoteError(RuntimeError):
@@ -93,19 +105,28 @@ class ForkedJob:
         self.wait(remaining)
         return b"".join(self._chunks).decode(errors="replace") if self._chunks else "", None
 
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
     def release(self) -> None:
         """Close this side's connection and output (after the job was killed and reaped)."""
         self._close()
 
 
 class Zygote:
-    """A started job_zygote.py; ``fork`` starts a job from it, ``stop`` ends it and its jobs."""
+    """A started tests/zygote.py; ``fork`` starts a job from it, ``stop`` ends it and its jobs."""
 
     def __init__(self, sock_dir: Path, modules: list[str], cwd: Path) -> None:
         self.path = sock_dir / "zygote.sock"
         self.cwd = cwd
+        self.env = dict(os.environ)
         self._proc = subprocess.Popen(
             [sys.executable, str(ZYGOTE), str(self.path), ",".join(modules)],
+            env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -119,12 +140,22 @@ class Zygote:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self._proc.stdout], [], [], remaining)[0]:
                 self.stop()
-                raise ZygoteError(f"job_zygote not ready in {READY_TIMEOUT_S} s: {said!r}")
+                raise ZygoteError(f"zygote not ready in {READY_TIMEOUT_S} s: {said!r}")
             data = os.read(self._proc.stdout.fileno(), 4096)
             if not data:
                 self.stop()
-                raise ZygoteError(f"job_zygote exited before it was ready: {said!r}")
+                raise ZygoteError(f"zygote exited before it was ready: {said!r}")
             said += data
+
+    def can_fork(self, env: dict[str, str]) -> bool:
+        """Whether a job with ``env`` runs as it would in a fresh interpreter once forked.
+
+        The interpreter reads its ``PYTHON*`` variables at start-up: a job whose values differ
+        from the zygote's needs a fresh interpreter, except ``PYTHONUNBUFFERED`` and
+        ``PYTHONPATH``, which the fork applies itself.
+        """
+        names = {n for n in (*env, *self.env) if n.startswith("PYTHON")} - _APPLIED_BY_FORK
+        return all(env.get(name) == self.env.get(name) for name in names)
 
     def fork(
         self, argv: list[str], env: dict[str, str], out_fd: int, read_fd: int | None = None
@@ -155,3 +186,16 @@ class Zygote:
             self._proc.kill()
             self._proc.wait(10)
         self._proc.stdout.close()
+
+
+_ZYGOTES: dict[tuple[str, ...], Zygote] = {}
+
+
+def zygote(modules: tuple[str, ...]) -> Zygote:
+    """This process's zygote that imported ``modules``, started on first use (jobs run in REPO)."""
+    if modules not in _ZYGOTES:
+        sock_dir = Path(tempfile.mkdtemp(prefix="zygote-"))
+        _ZYGOTES[modules] = Zygote(sock_dir, list(modules), REPO)
+        atexit.register(shutil.rmtree, sock_dir, ignore_errors=True)
+        atexit.register(_ZYGOTES[modules].stop)
+    return _ZYGOTES[modules]

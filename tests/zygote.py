@@ -1,20 +1,25 @@
-"""A pre-imported process that forks the Lightning test jobs: each skips Lightning's import.
+"""A pre-imported process that forks test jobs: each skips the imports the zygote did once.
 
-    python job_zygote.py SOCKET MODULE[,MODULE...]
+    python zygote.py SOCKET MODULE[,MODULE...]
 
-Imports the MODULEs (torch and the Lightning flavour the jobs train with), then serves forks on
-the AF_UNIX SOCKET. A request is one JSON line, ``{"argv": [SCRIPT, ARGS...], "env": {...},
-"cwd": DIR}``, sent with one file descriptor (SCM_RIGHTS) that becomes the job's stdout and
+Imports the MODULEs (torch, and what the jobs import next: Lightning, torch's elastic agent),
+then serves forks on the AF_UNIX SOCKET. A request is one JSON line, ``{"argv": [...], "env":
+{...}, "cwd": DIR}``, where argv is ``[SCRIPT, ARGS...]`` or ``["-m", MODULE, ARGS...]`` as
+after ``python``, sent with one file descriptor (SCM_RIGHTS) that becomes the job's stdout and
 stderr. The zygote forks a child that starts its own session (its pid is its process group, as
-with ``Popen(start_new_session=True)``) and runs SCRIPT as ``__main__`` with exactly ``env``. On
-the request's connection it answers ``{"pid": PID}`` at once and ``{"returncode": CODE}`` when
-the child ends (negative: the signal that killed it, as ``Popen.returncode``).
+with ``Popen(start_new_session=True)``) and runs the script or module as ``__main__`` with
+exactly ``env``. On the request's connection it answers ``{"pid": PID}`` at once and
+``{"returncode": CODE}`` when the child ends (negative: the signal that killed it, as
+``Popen.returncode``).
 
-A job's CPU is then what it does, not 4-5 s of imports before it (``import lightning.pytorch``
-alone is 3.9 s of CPU here); ``ft-launcher --ft-preimport`` starts workers the same way. The
-zygote stays single-threaded (it checks after its imports): a fork of a process with threads can
-deadlock the child. It prints ``ready`` when it serves, and exits at the end of its stdin (the
-test closes it) or when its parent is gone, SIGKILLing the jobs still running.
+A job's CPU is then what it does, not the 2-5 s of imports before it (``import torch`` is 1.7 s
+of CPU on this machine, ``import lightning.pytorch`` 3.9 s); ``ft-launcher --ft-preimport``
+starts workers the same way. The zygote stays single-threaded (it checks after its imports): a
+fork of a process with threads can deadlock the child. It prints ``ready`` when it serves, and
+exits at the end of its stdin (its test process closed it, or exited) or when its parent is gone,
+SIGKILLing the jobs still running. One difference from a fresh interpreter stays: a forked job's
+``/proc/PID/cmdline`` and ``environ`` are the zygote's (Linux shows what the process started
+with), so a test that reads them reads the job's own files instead.
 """
 
 from __future__ import annotations
@@ -30,10 +35,8 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/, for forked_script
-from forked_script import run_script_and_exit
+from forked_script import run_script_and_exit  # its sibling: this script's folder leads sys.path
 
 #: How often the loop looks for ended jobs and for its parent (a poll between requests).
 _POLL_S = 0.05
@@ -50,11 +53,31 @@ def _read_request(conn: socket.socket) -> tuple[dict, int]:
     while not data.endswith(b"\n"):
         more = conn.recv(65536)
         if not more or len(data) > _MAX_REQUEST:
-            raise ValueError(f"job_zygote: truncated request ({len(data)} bytes)")
+            raise ValueError(f"zygote: truncated request ({len(data)} bytes)")
         data += more
     if len(fds) != 1:
-        raise ValueError(f"job_zygote: a request needs one output descriptor, got {len(fds)}")
+        raise ValueError(f"zygote: a request needs one output descriptor, got {len(fds)}")
     return json.loads(data), fds[0]
+
+
+def _entries(pythonpath: str) -> list[str]:
+    return [os.path.abspath(entry) for entry in pythonpath.split(os.pathsep) if entry]
+
+
+def _use_pythonpath(mine: str, wanted: str) -> None:
+    """Give ``sys.path`` the job's ``PYTHONPATH`` entries in place of the zygote's.
+
+    A fresh interpreter puts them right after the script's folder; a fork keeps the zygote's.
+    (A module the zygote imported stays imported: the client forks only jobs that do not need
+    another copy of those, see ``Zygote.can_fork``.)
+    """
+    if mine == wanted:
+        return
+    for entry in _entries(mine):
+        if entry in sys.path:
+            sys.path.remove(entry)
+    sys.path[1:1] = _entries(wanted)
+    importlib.invalidate_caches()
 
 
 def _child(request: dict, out_fd: int, open_sockets: list[socket.socket]) -> None:
@@ -70,6 +93,7 @@ def _child(request: dict, out_fd: int, open_sockets: list[socket.socket]) -> Non
         os.dup2(out_fd, 2)
         os.close(out_fd)
         os.chdir(request["cwd"])
+        _use_pythonpath(os.environ.get("PYTHONPATH", ""), request["env"].get("PYTHONPATH", ""))
         os.environ.clear()
         os.environ.update(request["env"])
     except BaseException:
@@ -101,7 +125,7 @@ def serve(path: str) -> None:
                 try:
                     request, out_fd = _read_request(conn)
                 except (OSError, ValueError) as exc:
-                    print(f"job_zygote: bad request: {exc}", file=sys.stderr, flush=True)
+                    print(f"zygote: bad request: {exc}", file=sys.stderr, flush=True)
                     conn.close()
                     continue
                 sys.stdout.flush()
@@ -136,8 +160,8 @@ def main() -> None:
         importlib.import_module(name)
     if threading.active_count() != 1:
         names = [t.name for t in threading.enumerate()]
-        raise SystemExit(f"job_zygote: importing {modules} started threads {names}; cannot fork")
-    print(f"job_zygote: imported {modules} in {time.process_time() - started:.1f} s of CPU")
+        raise SystemExit(f"zygote: importing {modules} started threads {names}; cannot fork")
+    print(f"zygote: imported {modules} in {time.process_time() - started:.1f} s of CPU")
     serve(path)
 
 
