@@ -11,13 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from zygote_client import ForkedJob, zygote
+from zygote_client import LAUNCHERS, ForkedJob, zygote
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 REPO = Path(__file__).resolve().parents[2]
-
-#: What a launcher imports before it parses its flags: torch's elastic agent and the CLI.
-LAUNCHER_ZYGOTE_MODULES = ("torch", "torch.distributed.run", "resiliency.launcher.cli")
 
 # Small timeouts so a hang is found in about a second; the initial timeout leaves room for
 # python start-up on a loaded 2-core machine.
@@ -60,7 +57,7 @@ class Launcher:
         # Forked from a zygote that imported torch's elastic agent once: `python -m
         # resiliency.launcher` in its own session, minus 2 s of imports (tests/zygote.py).
         argv = ["-m", "resiliency.launcher", *args]
-        forks = zygote(LAUNCHER_ZYGOTE_MODULES)
+        forks = zygote(LAUNCHERS)
         self.proc: subprocess.Popen[bytes] | ForkedJob
         if forks.can_fork(full_env):
             self.proc = forks.fork(argv, full_env, self._log.fileno())

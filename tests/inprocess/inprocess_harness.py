@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from zygote_client import LAUNCHERS, ForkedJob, zygote
 
 JOB = Path(__file__).parent / "jobs" / "train.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ class Torchrun:
         self.nproc = nproc
         self.job = job
         self.flags = flags  # the launcher's own, before the job
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes] | ForkedJob] = []
 
     def run(
         self,
@@ -131,14 +132,20 @@ class Torchrun:
             *job_args,
         ]
         with log.open("wb") as sink:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-                start_new_session=True,
-            )
+            # Forked from a zygote that imported torch's elastic agent once (tests/zygote.py).
+            forks = zygote(LAUNCHERS)
+            proc: subprocess.Popen[bytes] | ForkedJob
+            if forks.can_fork(env):
+                proc = forks.fork(cmd[1:], env, sink.fileno())
+            else:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                    start_new_session=True,
+                )
             self.procs.append(proc)
             try:
                 code = proc.wait(timeout)
