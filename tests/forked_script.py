@@ -3,7 +3,8 @@
 Shared by the two test helpers that fork jobs instead of starting fresh interpreters
 (tests/checkpoint/rank_group.py, tests/zygote.py); both run as scripts and put this directory on
 ``sys.path`` to import it. What a fresh ``python SCRIPT ARGS`` would do that a
-fork does not is done here: unbuffered streams under ``PYTHONUNBUFFERED``, a fresh ``random``
+fork does not is done here: unbuffered streams under ``PYTHONUNBUFFERED``, the fault handler
+under ``PYTHONFAULTHANDLER``, a fresh ``random``
 seed, ``sys.argv`` and ``sys.path[0]`` of the script, and at the end the interpreter's exit steps
 (join non-daemon threads, atexit handlers, flush) before ``os._exit``, which skips the
 interpreter's teardown of torch (seconds on a busy machine).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import io
 import os
 import random
@@ -36,6 +38,11 @@ def run_script_and_exit(argv: list[str]) -> NoReturn:
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, io.TextIOWrapper):
                     stream.reconfigure(line_buffering=True, write_through=True)
+        if bool(os.environ.get("PYTHONFAULTHANDLER")) != faulthandler.is_enabled():
+            if faulthandler.is_enabled():
+                faulthandler.disable()
+            else:
+                faulthandler.enable(all_threads=True)
         random.seed()  # a new interpreter would seed it from the OS, not share the parent's
         module = argv[1] if argv[0] == "-m" else None
         if module is None:

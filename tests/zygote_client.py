@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Any, BinaryIO
 
 ZYGOTE = Path(__file__).resolve().with_name("zygote.py")
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ READY_TIMEOUT_S = 180.0
 
 
 #: Variables the fork applies to the job itself (tests/zygote.py, tests/forked_script.py).
-_APPLIED_BY_FORK = {"PYTHONUNBUFFERED", "PYTHONPATH"}
+_APPLIED_BY_FORK = {"PYTHONUNBUFFERED", "PYTHONPATH", "PYTHONFAULTHANDLER"}
 
 
 class ZygoteError(RuntimeError):
@@ -39,18 +40,22 @@ class ZygoteError(RuntimeError):
 
 
 class ForkedJob:
-    """One job forked by the zygote; its output is read from ``out_fd`` when one is given."""
+    """One job forked by the zygote. ``stdout`` is the read end of its output pipe, if it has
+    one (as ``Popen(stdout=PIPE)``); ``text`` makes ``communicate`` decode it."""
 
-    def __init__(self, args: list[str], conn: socket.socket, out_fd: int | None) -> None:
+    def __init__(
+        self, args: list[str], conn: socket.socket, read_fd: int | None, text: bool
+    ) -> None:
         self.args = args
         self.returncode: int | None = None
+        self.stdout: BinaryIO | None = None if read_fd is None else os.fdopen(read_fd, "rb", 0)
+        self._text = text
         self._conn = conn
         self._buffer = b""
-        self._out_fd = out_fd
         self._chunks: list[bytes] = []
         message = self._message(READY_TIMEOUT_S)
         if message is None or "pid" not in message:
-            self._close()
+            self.release()
             raise ZygoteError(f"the zygote did not fork {args}: answered {message!r}")
         self.pid: int = message["pid"]
 
@@ -68,12 +73,6 @@ class ForkedJob:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def _close(self) -> None:
-        self._conn.close()
-        if self._out_fd is not None:
-            os.close(self._out_fd)
-            self._out_fd = None
-
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             message = self._message(timeout)
@@ -88,22 +87,24 @@ class ForkedJob:
             return self.wait(0.0)
         return None
 
-    def communicate(self, timeout: float | None = None) -> tuple[str | None, None]:
+    def communicate(self, timeout: float | None = None) -> tuple[str | bytes | None, None]:
         """Read the output to its end and wait for the job, as ``Popen.communicate``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._out_fd is not None:
+        while self.stdout is not None and not self.stdout.closed:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._out_fd], [], [], remaining)[0]:
+            if not select.select([self.stdout], [], [], remaining)[0]:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            data = os.read(self._out_fd, 65536)
+            data = os.read(self.stdout.fileno(), 65536)
             if data:
                 self._chunks.append(data)
             else:
-                os.close(self._out_fd)
-                self._out_fd = None
+                self.stdout.close()
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.wait(remaining)
-        return b"".join(self._chunks).decode(errors="replace") if self._chunks else "", None
+        if self.stdout is None:
+            return None, None
+        out = b"".join(self._chunks)
+        return (out.decode(errors="replace") if self._text else out), None
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -114,7 +115,9 @@ class ForkedJob:
 
     def release(self) -> None:
         """Close this side's connection and output (after the job was killed and reaped)."""
-        self._close()
+        self._conn.close()
+        if self.stdout is not None:
+            self.stdout.close()
 
 
 class Zygote:
@@ -151,19 +154,24 @@ class Zygote:
         """Whether a job with ``env`` runs as it would in a fresh interpreter once forked.
 
         The interpreter reads its ``PYTHON*`` variables at start-up: a job whose values differ
-        from the zygote's needs a fresh interpreter, except ``PYTHONUNBUFFERED`` and
-        ``PYTHONPATH``, which the fork applies itself.
+        from the zygote's needs a fresh interpreter, except ``PYTHONUNBUFFERED``,
+        ``PYTHONFAULTHANDLER`` and ``PYTHONPATH``, which the fork applies itself.
         """
         names = {n for n in (*env, *self.env) if n.startswith("PYTHON")} - _APPLIED_BY_FORK
         return all(env.get(name) == self.env.get(name) for name in names)
 
     def fork(
-        self, argv: list[str], env: dict[str, str], out_fd: int, read_fd: int | None = None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        out_fd: int,
+        read_fd: int | None = None,
+        text: bool = False,
     ) -> ForkedJob:
         """Fork ``python ARGV`` with ``env``; its stdout and stderr go to ``out_fd``.
 
-        ``read_fd``, the read end of a pipe whose write end is ``out_fd``, is what
-        ``communicate`` reads the output from; the job owns it from here on.
+        ``read_fd``, the read end of a pipe whose write end is ``out_fd``, becomes the job's
+        ``stdout``; the job owns it from here on.
         """
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -172,8 +180,10 @@ class Zygote:
             socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out_fd])
         except OSError as exc:
             conn.close()
+            if read_fd is not None:
+                os.close(read_fd)
             raise ZygoteError(f"could not reach the zygote at {self.path}: {exc}") from exc
-        return ForkedJob(argv, conn, read_fd)
+        return ForkedJob(argv, conn, read_fd, text)
 
     def stop(self) -> None:
         """Close its stdin (it kills its jobs and exits); SIGKILL it after 30 s."""
@@ -192,6 +202,10 @@ class Zygote:
 #: torch's 1.7): torch's elastic agent. Nothing of ours, so that a forked torchrun stays plain.
 LAUNCHERS = ("torch", "torch.distributed.run")
 
+#: What the checkpoint tests' ranks import (tests/checkpoint/rank_group.py forks them): torch,
+#: DCP (1.0 s of CPU: sympy, through DTensor), the optimizer's torch._dynamo (1.0 s) and ours.
+RANK_GROUPS = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "resiliency.checkpoint")
+
 _ZYGOTES: dict[tuple[str, ...], Zygote] = {}
 
 
@@ -203,3 +217,38 @@ def zygote(modules: tuple[str, ...]) -> Zygote:
         atexit.register(shutil.rmtree, sock_dir, ignore_errors=True)
         atexit.register(_ZYGOTES[modules].stop)
     return _ZYGOTES[modules]
+
+
+def start_python(
+    modules: tuple[str, ...],
+    argv: list[str],
+    env: dict[str, str],
+    stdout: int | IO[Any] | None = None,
+    text: bool = False,
+    cwd: Path = REPO,
+) -> subprocess.Popen[Any] | ForkedJob:
+    """``python ARGV`` (a script or ``-m MODULE``, then its arguments) in its own session, with
+    its stderr on its stdout: forked from the zygote of ``modules`` when it can be, else a
+    fresh interpreter (``Zygote.can_fork``).
+
+    ``stdout`` is ``subprocess.PIPE``, a file (object or descriptor), or None (this process's).
+    """
+    forks = zygote(modules)
+    if cwd != forks.cwd or not forks.can_fork(env):
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            text=text,
+            start_new_session=True,
+        )
+    if stdout == subprocess.PIPE:
+        read_fd, write_fd = os.pipe()
+        try:
+            return forks.fork(argv, env, write_fd, read_fd, text)
+        finally:
+            os.close(write_fd)
+    out_fd = 1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno()
+    return forks.fork(argv, env, out_fd, None, text)

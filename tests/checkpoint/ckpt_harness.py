@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zygote_client import RANK_GROUPS, ForkedJob, start_python
+
 WORKER = Path(__file__).resolve().with_name("ckpt_worker.py")
 RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
 RANKS_DEADLINE_S = 150
@@ -29,19 +31,22 @@ def run_scenario(
     root, out = tmp / "ckpt", tmp / "out"
     root.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
-    argv = [sys.executable, str(RANK_GROUP), str(world), str(out), str(RANKS_DEADLINE_S), "0"]
+    argv = [str(RANK_GROUP), str(world), str(out), str(RANKS_DEADLINE_S), "0"]
     argv += [str(WORKER), str(root), scenario, str(out)]
-    if tmpfs_mb is not None:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc: subprocess.Popen[bytes] | ForkedJob
+    if tmpfs_mb is None:
+        proc = start_python(RANK_GROUPS, argv, full_env, subprocess.PIPE)
+    else:
         # One private mount namespace for every rank: the tmpfs disappears with the job.
         script = f'mount -t tmpfs -o size={tmpfs_mb}m tmpfs "$0" && exec "$@"'
-        argv = ["unshare", "--mount", "sh", "-c", script, str(root), *argv]
-    proc = subprocess.Popen(
-        argv,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "sh", "-c", script, str(root), sys.executable, *argv],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         head, _ = proc.communicate(timeout=TIMEOUT_S)
     finally:

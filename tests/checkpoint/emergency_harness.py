@@ -9,10 +9,11 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from zygote_client import RANK_GROUPS, start_python
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "emergency_job.py"
@@ -65,16 +66,9 @@ class Job:
             "PYTHONFAULTHANDLER": "1",
             **(env or {}),
         }
-        argv = [sys.executable, str(RANK_GROUP), str(world), str(self.dir), str(RANKS_DEADLINE_S)]
+        argv = [str(RANK_GROUP), str(world), str(self.dir), str(RANKS_DEADLINE_S)]
         argv += [",".join(["0"] * world), str(JOB), "--root", str(root), *args]
-        self.group = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=full,
-            cwd=REPO,
-            start_new_session=True,
-        )
+        self.group = start_python(RANK_GROUPS, argv, full, subprocess.PIPE, cwd=REPO)
 
     def pid(self, rank: int, timeout: float = 60) -> int:
         """The pid of ``rank`` (rank_group records it right after the fork)."""

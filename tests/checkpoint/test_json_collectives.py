@@ -7,11 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from zygote_client import RANK_GROUPS, start_python
 
 pytest.importorskip("torch")
 
@@ -26,11 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     """Each rank's findings, from one job that runs every scenario (one start-up, not six)."""
     out = tmp_path_factory.mktemp("json_collectives")
-    argv = [sys.executable, str(RANK_GROUP), str(WORLD), str(out), "150", "0"]
-    argv += [str(WORKER), str(out)]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    argv = [str(RANK_GROUP), str(WORLD), str(out), "150", "0", str(WORKER), str(out)]
+    proc = start_python(RANK_GROUPS, argv, dict(os.environ), subprocess.PIPE)
     try:
         head, _ = proc.communicate(timeout=180)
     finally:  # the group's session: rank_group, the ranks and anything they started

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from s3_harness import BUCKET, filesystem, s3_server
 from tiers_harness import Cluster
+from zygote_client import RANK_GROUPS, start_python
 
 from resiliency.checkpoint import (
     AppState,
@@ -66,9 +66,9 @@ def _job(tmp: Path, scenario: str, *extra: str, ok: bool = True) -> dict[int, di
     out = tmp / f"out-{scenario}-{len(list(tmp.glob('out-*')))}"
     out.mkdir()
     codes = "0,17" if scenario == "die_mid_save" else "0"  # rank 1 dies with exit code 17
-    argv = [sys.executable, str(RANK_GROUP), "2", str(out), "150", codes]
+    argv = [str(RANK_GROUP), "2", str(out), "150", codes]
     argv += [str(WORKER), "2", URL, scenario, str(out), *extra]
-    proc = subprocess.Popen(argv, start_new_session=True)
+    proc = start_python(RANK_GROUPS, argv, dict(os.environ))
     try:
         code = proc.wait(200)
     finally:

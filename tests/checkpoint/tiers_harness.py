@@ -13,9 +13,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from zygote_client import RANK_GROUPS, start_python
 
 WORKER = Path(__file__).resolve().with_name("tiers_worker.py")
 RANK_GROUP = Path(__file__).resolve().with_name("rank_group.py")
@@ -76,12 +77,10 @@ class Cluster:
             }
             for group_rank, node_dir in enumerate(order)
         ]
-        argv = [sys.executable, str(RANK_GROUP), str(len(order)), str(logs), str(JOB_TIMEOUT_S)]
+        argv = [str(RANK_GROUP), str(len(order)), str(logs), str(JOB_TIMEOUT_S)]
         argv += ["0", str(WORKER), str(self.persistent), str(steps), "--tag", tag, *extra]
         env = {**self.env(order[0], tag), RANK_ENVS_ENV: json.dumps(per_rank)}
-        proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = start_python(RANK_GROUPS, argv, env, subprocess.PIPE)
         try:
             head, _ = proc.communicate(timeout=JOB_TIMEOUT_S + 30)
         finally:

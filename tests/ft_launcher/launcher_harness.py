@@ -7,11 +7,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from zygote_client import LAUNCHERS, ForkedJob, zygote
+from zygote_client import LAUNCHERS, start_python
 
 WORKER = Path(__file__).parent / "workers" / "ft_worker.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -56,20 +55,9 @@ class Launcher:
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in kill()/wait()
         # Forked from a zygote that imported torch's elastic agent once: `python -m
         # resiliency.launcher` in its own session, minus 2 s of imports (tests/zygote.py).
-        argv = ["-m", "resiliency.launcher", *args]
-        forks = zygote(LAUNCHERS)
-        self.proc: subprocess.Popen[bytes] | ForkedJob
-        if forks.can_fork(full_env):
-            self.proc = forks.fork(argv, full_env, self._log.fileno())
-        else:
-            self.proc = subprocess.Popen(
-                [sys.executable, *argv],
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                start_new_session=True,
-                cwd=REPO,
-            )
+        self.proc = start_python(
+            LAUNCHERS, ["-m", "resiliency.launcher", *args], full_env, self._log, cwd=REPO
+        )
 
     def wait(self, timeout: float) -> int:
         try:

@@ -13,9 +13,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from zygote_client import LAUNCHERS, ForkedJob, zygote
+from zygote_client import LAUNCHERS, ForkedJob, start_python
 
 JOB = Path(__file__).parent / "jobs" / "train.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ class Torchrun:
         self.nproc = nproc
         self.job = job
         self.flags = flags  # the launcher's own, before the job
-        self.procs: list[subprocess.Popen[bytes] | ForkedJob] = []
+        self.procs: list[subprocess.Popen[Any] | ForkedJob] = []
 
     def run(
         self,
@@ -133,19 +134,7 @@ class Torchrun:
         ]
         with log.open("wb") as sink:
             # Forked from a zygote that imported torch's elastic agent once (tests/zygote.py).
-            forks = zygote(LAUNCHERS)
-            proc: subprocess.Popen[bytes] | ForkedJob
-            if forks.can_fork(env):
-                proc = forks.fork(cmd[1:], env, sink.fileno())
-            else:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=REPO,
-                    start_new_session=True,
-                )
+            proc = start_python(LAUNCHERS, cmd[1:], env, sink, cwd=REPO)
             self.procs.append(proc)
             try:
                 code = proc.wait(timeout)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from lightning_flavour import ENV, MODULE
-from ptl_harness import Jobs, Monitors, zygote_modules
-from zygote_client import zygote
+from ptl_harness import Jobs, Monitors
 
 
 def pytest_report_header() -> str:
@@ -20,7 +19,7 @@ def pytest_report_header() -> str:
 
 @pytest.fixture
 def jobs() -> Iterator[Jobs]:
-    j = Jobs(zygote(zygote_modules()))
+    j = Jobs()
     try:
         yield j
     finally:

@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lightning_flavour import MODULE
-from zygote_client import ForkedJob, Zygote
+from zygote_client import ForkedJob, start_python
 
 from resiliency.ft import FaultToleranceConfig, MonitorProcess
 
@@ -44,46 +43,26 @@ def zygote_modules() -> tuple[str, ...]:
 class Jobs:
     """Starts training jobs (each in its own session) and kills them at teardown.
 
-    A job that runs a script (``argv[0]`` ends in ``.py``) is forked from the pre-imported
-    ``zygote``, as ``python SCRIPT ARGS`` in ROOT; anything else (a console script, or a job
-    whose ``PYTHON*`` variables need a fresh interpreter) is a subprocess.
+    Each is ``python ARGV`` in ROOT (a script: a job's, an example or a console script), forked
+    from a zygote that imported Lightning once (tests/zygote.py), unless its ``PYTHON*``
+    variables need a fresh interpreter.
     """
 
-    def __init__(self, zygote: Zygote) -> None:
-        self.zygote = zygote
-        self.procs: list[subprocess.Popen[str] | ForkedJob] = []
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[Any] | ForkedJob] = []
 
     def start(
         self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
-    ) -> subprocess.Popen[str] | ForkedJob:
+    ) -> subprocess.Popen[Any] | ForkedJob:
         """Start ``python ARGV``; its output is read by ``finish``, or goes to ``log``."""
         inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARS}
         full_env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc: subprocess.Popen[str] | ForkedJob
-        forkable = argv[0].endswith(".py") and self.zygote.can_fork(full_env)
-        with open(log, "wb") if log else contextlib.nullcontext() as out:
-            if forkable and out is not None:
-                proc = self.zygote.fork(argv, full_env, out.fileno())
-            elif forkable:
-                read_fd, write_fd = os.pipe()
-                try:
-                    proc = self.zygote.fork(argv, full_env, write_fd, read_fd)
-                finally:
-                    os.close(write_fd)
-            else:
-                proc = subprocess.Popen(
-                    [sys.executable, *argv],
-                    cwd=ROOT,
-                    env=full_env,
-                    stdout=subprocess.PIPE if out is None else out,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                )
+        with open(log, "wb") if log else contextlib.nullcontext(subprocess.PIPE) as out:
+            proc = start_python(zygote_modules(), argv, full_env, out, text=True, cwd=ROOT)
         self.procs.append(proc)
         return proc
 
-    def finish(self, proc: subprocess.Popen[str] | ForkedJob, timeout: float) -> tuple[int, str]:
+    def finish(self, proc: subprocess.Popen[Any] | ForkedJob, timeout: float) -> tuple[int, str]:
         """Wait for the process; on timeout kill it and fail with its output."""
         try:
             out, _ = proc.communicate(timeout=timeout)
