@@ -25,6 +25,8 @@ What counts as a leak, compared with the baseline:
   variable, which catches a worker orphaned when the test killed its parent. A zombie counts only
   when pytest itself is the parent that never reaped it. Leaked processes are SIGKILLed by pid
   after the report so they cannot spill into the next test.
+  The test zygotes (tests/zygote.py, kept for the life of the test process) are never leaks and
+  never owned by a fixture; every job they fork is checked as a process of the test.
 * **thread**: a new ``threading.Thread`` still alive (threads that C code registered, the
   ``_DummyThread`` kind, cannot be joined from Python and are not checked).
 * **socket**: a new ``socket:[inode]`` file descriptor of the pytest process.
@@ -262,14 +264,11 @@ def _proc_leaks(state: RunState) -> dict[ProcKey, str]:
             pass  # a broad fixture's process outliving the fixture's teardown
         elif pid in state.base.pids or not procs.ours(pid) or procs.descends(pid, allowed):
             continue
-        if key in _zygotes:
+        if _is_zygote(procs, pid, info):
             continue
         cmd = _cmdline(pid)
         if any(s in cmd for s in _SINGLETON_CMDLINES):
             _permanent.add(key)
-            continue
-        if info.ppid == procs.me and _ZYGOTE_SCRIPT in cmd.split():
-            _zygotes.add(key)  # the zygote itself; its jobs show its command line too (forks)
             continue
         zombie = " (zombie: exited, never reaped)" if info.state == "Z" else ""
         leaks[key] = (
@@ -413,10 +412,23 @@ def _allowed_kinds(item: pytest.Item) -> set[str]:
     return kinds
 
 
+def _is_zygote(procs: _Procs, pid: int, info: ProcInfo) -> bool:
+    """A test zygote (recorded as such): this process's child running tests/zygote.py."""
+    key = (pid, info.start)
+    if key not in _zygotes and info.ppid == procs.me and _ZYGOTE_SCRIPT in _cmdline(pid).split():
+        _zygotes.add(key)  # its jobs show its command line too (forks), but not its parent
+    return key in _zygotes
+
+
 def _new_procs(before: set[int], after: set[int]) -> set[ProcKey]:
+    """New processes of ours, but a zygote: owned by no fixture, so that its jobs stay checked."""
     procs = _Procs()
     infos = {pid: procs.info(pid) for pid in after - before if procs.ours(pid)}
-    return {(pid, info.start) for pid, info in infos.items() if info is not None}
+    return {
+        (pid, info.start)
+        for pid, info in infos.items()
+        if info is not None and not _is_zygote(procs, pid, info)
+    }
 
 
 def _set_expected(expected: dict[str, str], key: str, value: Any) -> None:

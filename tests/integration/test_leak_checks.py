@@ -17,10 +17,15 @@ from pathlib import Path
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
 XDIST_GROUPING = CONFTEST.parent / "xdist_grouping.py"  # a plugin the conftest loads
+# The test zygote (never a leak itself; its jobs are checked like any process of the test).
+ZYGOTE_FILES = [
+    CONFTEST.parent / name for name in ("zygote.py", "zygote_client.py", "forked_script.py")
+]
 
 SUITE = """
 import os, signal, socket, subprocess, threading, time
 import pytest
+from zygote_client import start_python
 
 _keep = []
 
@@ -61,6 +66,17 @@ def test_leaks_socket():
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     _keep.append(sock)
+
+
+def test_a_forked_job_that_ended_is_fine(tmp_path):
+    # Starts this process's zygote (tests/zygote.py), which outlives the test on purpose.
+    (tmp_path / "quick.py").write_text("pass")
+    assert start_python((), [str(tmp_path / "quick.py")], dict(os.environ)).wait(60) == 0
+
+
+def test_leaks_forked_job(tmp_path):
+    (tmp_path / "sleeper.py").write_text("import time; time.sleep(30)")
+    _keep.append(start_python((), [str(tmp_path / "sleeper.py")], dict(os.environ)))
 
 
 def test_exiting_thread_is_fine():
@@ -117,6 +133,8 @@ LEAKY = {
     "test_leaks_env": "environment variable LEAKY_VAR: None before, '1' after",
     "test_leaks_signal": "signal handler for SIGUSR1",
     "test_leaks_socket": "socket fd \\d+ \\(tcp local",
+    # A forked job shows the zygote's command line (a fork keeps it).
+    "test_leaks_forked_job": "process pid \\d+: \\S*python\\S* \\S*/zygote\\.py ",
     "test_module_fixture_last": (
         "thread 'module-thread' \\(daemon\\) left by fixture 'forgotten_thread' \\(module scope\\)"
     ),
@@ -128,7 +146,8 @@ def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) ->
     # call conftest hooks for the session-scoped fixtures that hang off the Session node.
     (tmp_path / "tests").mkdir()
     shutil.copy(CONFTEST, tmp_path / "tests" / "conftest.py")
-    shutil.copy(XDIST_GROUPING, tmp_path / "tests")
+    for path in (XDIST_GROUPING, *ZYGOTE_FILES):
+        shutil.copy(path, tmp_path / "tests")
     (tmp_path / "tests" / "test_suite.py").write_text(textwrap.dedent(SUITE))
     env = {**os.environ, "RESILIENCY_LEAK_GRACE_S": "0.5"}
     result = subprocess.run(
@@ -162,6 +181,7 @@ def test_the_leak_checks_fail_leaky_tests_and_pass_clean_ones(tmp_path: Path) ->
     assert "test_lazy_session_fixture_is_fine" in passed, out
     assert "test_monkeypatch_is_fine" in passed, out
     assert "test_allowed" in passed, out
+    assert "test_a_forked_job_that_ended_is_fine" in passed, out
 
 
 def test_a_marker_without_a_reason_stops_the_run(tmp_path: Path) -> None:
