@@ -107,10 +107,24 @@ def test_compose_rejects_what_is_not_callable() -> None:
 
 def test_the_repeated_fault_limit_defaults_to_three_and_can_be_turned_off() -> None:
     assert inprocess.Wrapper().max_repeated_faults == 3
+    assert inprocess.Wrapper(max_repeated_faults="auto").max_repeated_faults == 3
     assert inprocess.Wrapper(max_repeated_faults=None).max_repeated_faults is None
     for bad in (-1, 2.5, "3", True):
         with pytest.raises(ConfigError, match=r"max_repeated_faults=.*whole number"):
             inprocess.Wrapper(max_repeated_faults=bad)
+
+
+def test_a_retry_controller_bounding_the_iterations_turns_the_default_limit_off() -> None:
+    retry = inprocess.initialize.RetryController
+    # The user's own bound governs, as in NVRx (its tests retry a raising function 4 times).
+    assert inprocess.Wrapper(initialize=retry(max_iterations=4)).max_repeated_faults is None
+    nested = inprocess.Compose(retry(min_world_size=1), retry(max_iterations=9))
+    assert inprocess.Wrapper(initialize=nested).max_repeated_faults is None
+    # No bound on the iterations: the default protects the job from restarting forever.
+    assert inprocess.Wrapper(initialize=retry(min_world_size=2)).max_repeated_faults == 3
+    # A number asked for applies beside the bound.
+    bounded = inprocess.Wrapper(initialize=retry(max_iterations=4), max_repeated_faults=2)
+    assert bounded.max_repeated_faults == 2
 
 
 class _LeavesTheModeAlone(inprocess.rank_assignment.RankAssignment):

@@ -9,6 +9,7 @@ from typing import Any
 
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import ConfigError
+from resiliency.inprocess.initialize import RetryController
 from resiliency.inprocess.rank_assignment import RankAssignment, Tree
 
 log = logging.getLogger(__name__)
@@ -129,19 +130,38 @@ def check_path(name: str, value: Any) -> None:
         raise ConfigError(f"Wrapper({name}={value!r}): expected a str (a path) or None")
 
 
-def check_repeat_limit(value: Any) -> None:
-    """Check ``max_repeated_faults``: a positive int, or None / 0 (no limit).
+def repeat_limit(value: Any, initialize: Any) -> int | None:
+    """Check ``max_repeated_faults`` and resolve its default.
+
+    ``"auto"`` (the default) is 3, unless ``initialize`` already bounds the iterations with a
+    ``RetryController(max_iterations=N)`` (alone or inside a ``Compose``): then the user chose
+    how often a failure is retried, as in NVRx, and the stop rule is off unless it is asked for
+    with a number.
+
+    Returns:
+        The limit, or None for no limit.
 
     Raises:
         ConfigError: another type, or a negative number.
     """
+    if value == "auto":
+        return None if _bounds_iterations(initialize) else 3
     if value is None:
-        return
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(
-            f"Wrapper(max_repeated_faults={value!r}): expected a whole number of attempts "
-            "(default 3), or None to restart a repeated fault without limit"
+            f"Wrapper(max_repeated_faults={value!r}): expected a whole number of attempts, "
+            "'auto' (the default: 3 unless a RetryController bounds max_iterations), or None "
+            "to restart a repeated fault without limit"
         )
+    return value
+
+
+def _bounds_iterations(initialize: Any) -> bool:
+    """Whether ``initialize`` is, or composes, a ``RetryController`` with ``max_iterations``."""
+    if isinstance(initialize, RetryController):
+        return initialize.max_iterations is not None
+    return isinstance(initialize, Compose) and any(map(_bounds_iterations, initialize.instances))
 
 
 def check_store(store_factory: Any, store_kwargs: dict[str, Any] | None) -> None:

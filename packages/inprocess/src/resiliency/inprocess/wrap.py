@@ -18,7 +18,7 @@ import time
 import typing
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch.distributed as dist
 
@@ -106,7 +106,8 @@ class Wrapper:
         enabled: False returns the function unwrapped.
         max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
             attempts in a row fail with the same cause on the same ranks and no progress
-            (``ping()``, a completed ``atomic()``) in between; None or 0: never (NVRx's way).
+            (``ping()``, a completed ``atomic()``) in between; None or 0: never. ``"auto"``: 3,
+            or never when a ``RetryController(max_iterations=...)`` bounds the restarts.
 
     Raises:
         ConfigError: a wrong type, an unknown argument, or timeouts out of order.
@@ -136,7 +137,7 @@ class Wrapper:
         monitor_process_logfile: str | None = None,
         monitor_process_pidfile: str | None = None,
         enabled: bool = True,
-        max_repeated_faults: int | None = 3,
+        max_repeated_faults: int | Literal["auto"] | None = "auto",
         **unknown: Any,
     ) -> None:
         values = dict(locals())
@@ -150,7 +151,6 @@ class Wrapper:
         _arguments.check_rank_assignment(rank_assignment)
         if not isinstance(enabled, bool):
             raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
-        _arguments.check_repeat_limit(max_repeated_faults)
         _arguments.check_path("monitor_process_logfile", monitor_process_logfile)
         _arguments.check_path("monitor_process_pidfile", monitor_process_pidfile)
         self.store_factory = store_factory
@@ -162,7 +162,7 @@ class Wrapper:
         self.rank_assignment = rank_assignment or Compose(ActivateAllRanks(), ShiftRanks())
         self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
         self.enabled = enabled
-        self.max_repeated_faults = max_repeated_faults
+        self.max_repeated_faults = _arguments.repeat_limit(max_repeated_faults, initialize)
         self.monitor_process_logfile = monitor_process_logfile
         self.monitor_process_pidfile = monitor_process_pidfile
 
