@@ -18,6 +18,42 @@ log = logging.getLogger(__name__)
 _PENDING_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
+class MainThreadClock:
+    """When the main thread last ran a pending call; one per process (``CLOCK``).
+
+    ``request()`` queues the callback unless one is still queued, so any number of watchers
+    (the Wrapper's monitor, a ``ProgressWatchdog``) share one outstanding call.
+    """
+
+    def __init__(self) -> None:
+        self.ran_at = time.monotonic()
+        self.scheduled = 0
+        self.completed = 0
+        self._lock = threading.Lock()
+
+    def request(self) -> None:
+        """Ask the main thread to record the time at its next bytecode."""
+        with self._lock:
+            if self.scheduled != self.completed:
+                return
+            # Counted before queueing: the main thread may run the call before this returns.
+            self.scheduled += 1
+            if _add_pending_call(_CALLBACK, None) != 0:
+                # The interpreter's queue is full; the next request tries again.
+                self.scheduled -= 1
+
+    def synchronized(self) -> bool:
+        """Whether no requested call is still waiting for the main thread."""
+        return self.scheduled == self.completed
+
+    def _ran(self) -> None:
+        self.ran_at = time.monotonic()
+        self.completed += 1
+
+
+CLOCK = MainThreadClock()
+
+
 class Progress:
     """Last time the main thread ran Python code, and last time it pinged.
 
@@ -27,16 +63,21 @@ class Progress:
     """
 
     def __init__(self) -> None:
-        global _current
-        self._last = time.monotonic()
+        self._since = time.monotonic()
         self._pinged: float | None = None
-        self._outstanding = threading.Event()
-        _current = self
+        self._suspended = 0  # nesting depth of disable_hang_protection()
 
-    def ran(self) -> None:
-        """The pending call ran in the main thread."""
-        self._last = time.monotonic()
-        self._outstanding.clear()
+    def suspend(self) -> None:
+        """Report no stall until ``resume()`` (calls nest)."""
+        self._suspended += 1
+
+    def resume(self) -> None:
+        """Count progress again from now: the time spent suspended is not a stall."""
+        self._suspended -= 1
+        if not self._suspended:
+            self._since = time.monotonic()
+            if self._pinged is not None:
+                self._pinged = self._since
 
     def ping(self) -> None:
         """Record a manual sign of progress now (``CallWrapper.ping()``)."""
@@ -44,38 +85,29 @@ class Progress:
 
     def reset(self) -> None:
         """Start a new period (a new iteration, a barrier left): no ping in it yet."""
-        self._outstanding.clear()
-        self._last = time.monotonic()
+        self._since = time.monotonic()
         self._pinged = None
 
     def poke(self) -> None:
         """Ask the main thread to record progress at its next bytecode (monitor thread)."""
-        if self._outstanding.is_set():
-            return
-        self._outstanding.set()
-        if _add_pending_call(_CALLBACK, None) != 0:
-            # The interpreter's queue is full; try again at the next poke.
-            self._outstanding.clear()
+        CLOCK.request()
 
     def stalled_for(self) -> float:
         """Seconds since the main thread last made progress, by the staler of the two clocks."""
+        if self._suspended:
+            return 0.0
         now = time.monotonic()
         manual = 0.0 if self._pinged is None else now - self._pinged
-        return max(now - self._last, manual)
-
-
-_current: Progress | None = None
+        return max(now - max(self._since, CLOCK.ran_at), manual)
 
 
 def _pending(_arg: int | None) -> int:
-    progress = _current
-    if progress is not None:
-        progress.ran()
+    CLOCK._ran()
     return 0
 
 
 # Module-level on purpose: the interpreter keeps only a raw pointer to the callback, which may
-# still be queued after the Progress that asked for it is gone.
+# still be queued when its requester is gone.
 _CALLBACK = _PENDING_CALL(_pending)
 _add_pending_call = ctypes.pythonapi.Py_AddPendingCall
 _add_pending_call.argtypes = [_PENDING_CALL, ctypes.c_void_p]
