@@ -13,7 +13,11 @@ Two ways to drive it:
 * through a JSON file named by ``FAKE_NVML_STATE``, re-read at every call, so a test or another
   process changes the GPUs' health by rewriting it::
 
-    {"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]}, "throttle": {"0": 64}, "no_driver": false}
+    {"count": 2, "ecc": {"1": 3}, "xid": {"0": [79]}, "throttle": {"0": 64}, "no_driver": false,
+     "recovery": {"0": 1}, "nvlink": {"1": [1, 1, 0, 1]}}
+
+  ``recovery`` is NVML's GPU recovery action (0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain
+  and reset); ``nvlink`` the state of each link the GPU has (1 enabled, 0 disabled: down).
 
   ``xid`` lists every XID a GPU has raised so far: an entry not seen before is raised when the
   file is read, and reaches the event sets registered on that GPU then, or the first one
@@ -36,6 +40,17 @@ nvmlClocksThrottleReasonHwSlowdown = 0x8
 nvmlClocksThrottleReasonSwThermalSlowdown = 0x20
 nvmlClocksThrottleReasonHwThermalSlowdown = 0x40
 nvmlClocksThrottleReasonHwPowerBrakeSlowdown = 0x80
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 271
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
+NVML_NVLINK_MAX_LINKS = 18
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 
 
 class NVMLError(Exception):
@@ -65,6 +80,8 @@ class _Handle:
 class _Gpu:
     ecc: int | None = 0  # None: ECC is off on this board (the query is not supported)
     throttle: int = 0
+    recovery: int = 0  # NVML_GPU_RECOVERY_ACTION_*
+    nvlinks: list[int] = field(default_factory=list)  # one state per link the GPU has
     pending_xids: list[int] = field(default_factory=list)  # raised before any set registered
     xids_read: int = 0  # entries of the state file's xid list already raised
 
@@ -80,6 +97,7 @@ _gpus: list[_Gpu] = []
 _sets: list[_EventSet] = []
 _refs = 0
 _no_driver = False
+_recovery_api = True  # a driver older than r570 answers the recovery field with an error
 
 
 def configure(count: int = 1, no_driver: bool = False) -> None:
@@ -89,11 +107,28 @@ def configure(count: int = 1, no_driver: bool = False) -> None:
     _sets.clear()
     _refs = 0
     _no_driver = no_driver
+    set_recovery_api(True)
 
 
 def set_ecc(index: int, count: int | None) -> None:
     """Set GPU ``index``'s volatile uncorrectable ECC count (None: ECC not supported)."""
     _gpus[index].ecc = count
+
+
+def set_recovery_api(available: bool) -> None:
+    """Whether the driver has the GPU recovery API (r570 and newer)."""
+    global _recovery_api
+    _recovery_api = available
+
+
+def set_recovery_action(index: int, action: int) -> None:
+    """Set what the driver says GPU ``index`` needs (an ``NVML_GPU_RECOVERY_ACTION_*``)."""
+    _gpus[index].recovery = action
+
+
+def set_nvlinks(index: int, states: list[int]) -> None:
+    """Give GPU ``index`` one link per entry, in that state (``NVML_FEATURE_*``)."""
+    _gpus[index].nvlinks = list(states)
 
 
 def raise_xid(index: int, xid: int) -> None:
@@ -130,6 +165,8 @@ def _sync() -> None:
         key = str(index)
         gpu.ecc = state.get("ecc", {}).get(key, 0)
         gpu.throttle = int(state.get("throttle", {}).get(key, 0))
+        gpu.recovery = int(state.get("recovery", {}).get(key, 0))
+        gpu.nvlinks = [int(x) for x in state.get("nvlink", {}).get(key, [])]
         xids = [int(x) for x in state.get("xid", {}).get(key, [])]
         for xid in xids[gpu.xids_read :]:
             if any(index in s.devices and not s.freed for s in _sets):
@@ -207,6 +244,28 @@ def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
 
 def nvmlDeviceGetCurrentClocksThrottleReasons(handle: _Handle) -> int:
     return _gpu(handle).throttle
+
+
+def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]) -> list[SimpleNamespace]:
+    gpu = _gpu(handle)
+    values = []
+    for field_id in field_ids:
+        known = field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and _recovery_api
+        values.append(
+            SimpleNamespace(
+                fieldId=field_id,
+                nvmlReturn=NVML_SUCCESS if known else NVML_ERROR_NOT_SUPPORTED,
+                value=SimpleNamespace(uiVal=gpu.recovery if known else 0),
+            )
+        )
+    return values
+
+
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    gpu = _gpu(handle)
+    if link >= len(gpu.nvlinks):
+        raise NVMLError_NotSupported("Not Supported")
+    return gpu.nvlinks[link]
 
 
 def nvmlEventSetCreate() -> _EventSet:

@@ -45,6 +45,36 @@ def test_health_reads_ecc_and_a_board_without_ecc_is_clean(nvml: ModuleType) -> 
     probe.close()
 
 
+def test_health_reads_the_recovery_action_and_the_nvlinks_that_are_down(nvml: ModuleType) -> None:
+    probe = GpuProbe()
+    probe.open()
+    clean = probe.health(0)
+    assert (clean.recovery_action, clean.nvlinks_down) == (None, ())  # no links: none down
+    nvml.set_recovery_action(0, nvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
+    nvml.set_recovery_action(1, 7)  # a value newer than this probe
+    nvml.set_nvlinks(1, [nvml.NVML_FEATURE_ENABLED, nvml.NVML_FEATURE_DISABLED] * 2)
+    assert probe.health(0).recovery_action == "gpu_reset"
+    assert probe.health(1).recovery_action == "unknown (7)"
+    assert probe.health(1).nvlinks_down == (1, 3)
+    probe.close()
+
+
+def test_a_binding_or_driver_without_the_recovery_api_reads_no_action(
+    nvml: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = GpuProbe()
+    probe.open()
+    nvml.set_recovery_action(0, nvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)
+    assert probe.health(0).recovery_action == "node_reboot"
+    # A driver older than r570 answers the field with an error status.
+    nvml.set_recovery_api(False)
+    assert probe.health(0).recovery_action is None
+    # A binding older than the API lacks the field's name.
+    monkeypatch.delattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    assert probe.health(0).recovery_action is None
+    probe.close()
+
+
 def test_xids_are_drained_per_gpu_in_order_and_bounded(nvml: ModuleType) -> None:
     probe = GpuProbe()
     probe.open()

@@ -120,6 +120,8 @@ def test_a_retry_controller_bounding_the_iterations_turns_the_default_limit_off(
     assert inprocess.Wrapper(initialize=retry(max_iterations=4)).max_repeated_faults is None
     nested = inprocess.Compose(retry(min_world_size=1), retry(max_iterations=9))
     assert inprocess.Wrapper(initialize=nested).max_repeated_faults is None
+    alone = inprocess.Compose(retry(max_iterations=2))  # itself a RetryController
+    assert inprocess.Wrapper(initialize=alone).max_repeated_faults is None
     # No bound on the iterations: the default protects the job from restarting forever.
     assert inprocess.Wrapper(initialize=retry(min_world_size=2)).max_repeated_faults == 3
     # A number asked for applies beside the bound.

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from resiliency import inprocess
 from resiliency.inprocess._interrupt import RESTART_SIGNAL
-from resiliency.inprocess._progress import Progress
+from resiliency.inprocess._progress import CLOCK, Progress
 from resiliency.inprocess.exception import RankShouldRestart
 
 
@@ -116,15 +116,24 @@ def test_a_restart_request_while_waiting_for_the_monitor_s_lock_lets_the_block_r
     assert ran == [True], "the request was raised before the block could run"
 
 
+def _let_the_pending_call_run(progress: Progress) -> None:
+    """Poke, then stay in Python code until the main thread ran the pending call."""
+    progress.poke()
+    deadline = time.monotonic() + 30
+    while not CLOCK.synchronized():
+        assert time.monotonic() < deadline, "the pending call did not run within 30 s"
+        time.sleep(0.001)
+
+
 def test_once_pinged_the_rank_must_ping_again_running_python_is_not_enough() -> None:
     progress = Progress()
     progress.reset()
     time.sleep(0.05)
-    progress.ran()  # Python ran: the automatic clock is fresh
+    _let_the_pending_call_run(progress)  # Python ran: the automatic clock is fresh
     assert progress.stalled_for() < 0.05
     progress.ping()
     time.sleep(0.1)
-    progress.ran()
+    _let_the_pending_call_run(progress)
     assert progress.stalled_for() >= 0.1  # the manual clock, started by the ping, is stale
     progress.reset()  # a new iteration: no ping in it yet
     assert progress.stalled_for() < 0.05
@@ -160,3 +169,35 @@ def test_a_function_that_pinged_and_then_stopped_pinging_is_restarted_by_the_sof
 
     assert train() == 1
     assert iterations == [0, 1]  # no -1: the soft timeout interrupted the loop
+
+
+def test_no_progress_inside_disable_hang_protection_is_no_hang_and_the_clock_restarts_after(
+    one_rank: dist.HashStore,
+) -> None:
+    store = one_rank
+    marks: list[str] = []
+
+    @inprocess.Wrapper(
+        store_factory=lambda: store,
+        monitor_thread_interval=timedelta(seconds=0.05),
+        monitor_process_interval=timedelta(seconds=0.05),
+        heartbeat_interval=timedelta(seconds=0.05),
+        progress_watchdog_interval=timedelta(seconds=0.05),
+        soft_timeout=timedelta(seconds=0.5),
+        hard_timeout=timedelta(seconds=30),
+        max_repeated_faults=None,
+    )
+    def train(call_wrapper: inprocess.CallWrapper | None = None) -> int:
+        assert call_wrapper is not None
+        if call_wrapper.iteration > 0:
+            return call_wrapper.iteration
+        call_wrapper.ping()  # the manual clock too: it must not be stale after the block
+        with call_wrapper.disable_hang_protection(), call_wrapper.disable_hang_protection():
+            time.sleep(1.5)  # three soft timeouts with no progress (GIL released)
+        marks.append("out of the block")
+        time.sleep(30)  # outside: the soft timeout applies again and interrupts this
+        marks.append("not interrupted")
+        raise AssertionError("the soft timeout never fired after the block")
+
+    assert train() == 1
+    assert marks == ["out of the block"]

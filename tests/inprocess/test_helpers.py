@@ -169,6 +169,14 @@ def test_compose_is_an_instance_of_the_closest_common_base() -> None:
     assert isinstance(siblings, Base) and not isinstance(siblings, Child)
 
 
+def test_compose_never_calls_the_common_base_init_with_the_chained_callables() -> None:
+    counter = inprocess.health_check.FaultCounter
+    one = inprocess.Compose(counter(max_rank_faults=1))
+    assert not hasattr(one, "max_rank_faults")  # not a FaultCounter built with one argument
+    two = inprocess.Compose(counter(), counter(max_rank_faults=2))  # was a TypeError
+    assert isinstance(two, counter) and len(two.instances) == 2
+
+
 def test_a_state_needs_only_its_rank_and_world_size_as_in_nvrx() -> None:
     state = inprocess.State(rank=2, world_size=4)
     assert (state.initial_rank, state.initial_world_size) == (2, 4)

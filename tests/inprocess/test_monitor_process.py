@@ -43,6 +43,11 @@ RANK = textwrap.dedent(
     if mode == "close":
         os.close(w)
         sys.exit(0 if proc.wait(timeout=30) == 0 else 1)
+    if mode == "suspend":  # disable_hang_protection(): a GIL-held stretch past the limit is fine
+        os.write(w, b"s")
+        ctypes.PyDLL(None).sleep(3)
+        os.write(w, b"r")
+        print("resumed", flush=True)
     print("hanging", flush=True)
     ctypes.PyDLL(None).sleep(600)  # the GIL held; only the monitor process can end this
     """
@@ -82,6 +87,19 @@ def test_a_rank_holding_the_gil_is_ended_and_its_respawn_requested(tmp_path: Pat
     assert "its main thread holds the GIL" in reason and "(hard_timeout 1 s)" in reason
     assert f"[inprocess monitor_process] rank 3 (target_pid={rank.pid}): {reason}" in err
     assert not list(tmp_path.glob(".*.tmp")), "the request is written whole (renamed)"
+
+
+def test_a_silence_between_suspend_and_resume_ends_no_rank_one_after_does(
+    tmp_path: Path, ranks
+) -> None:
+    request = tmp_path / "unabortable-request"
+    rank = start_rank(tmp_path, "suspend", str(request), "-")
+    ranks.append(rank)
+    rank.wait(timeout=DEADLINE_S)
+    out, err = rank.communicate()
+    assert "resumed" in out and "hanging" in out, (out, err)  # 3 s silent, 1 s limit: spared
+    assert rank.returncode == -signal.SIGTERM, (out, err)  # the hang after the resume is not
+    assert "could not be aborted in-process" in request.read_text()
 
 
 def test_the_monitor_process_ends_with_the_pipe_and_logs_to_its_logfile(
@@ -130,9 +148,16 @@ def test_bad_arguments_print_the_usage() -> None:
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
-def test_the_stop_byte_is_the_same_on_both_sides() -> None:
+def test_the_control_bytes_are_the_same_on_both_sides() -> None:
     entry = runpy.run_path(str(ENTRY), run_name="not_main")  # defines, runs nothing
     assert entry["_STOP"] == _monitor_process.STOP
+    assert (entry["_SUSPEND"], entry["_RESUME"]) == (
+        _monitor_process.SUSPEND,
+        _monitor_process.RESUME,
+    )
+    assert len({_monitor_process.STOP, _monitor_process.SUSPEND, _monitor_process.RESUME}) == 3
+    # The rank's stand-in above writes them literally, as it imports nothing of the package.
+    assert 'b"s"' in RANK and 'b"r"' in RANK and _monitor_process.SUSPEND == b"s"
 
 
 def test_close_ends_the_monitor_process_even_when_a_forked_child_holds_the_pipe() -> None:

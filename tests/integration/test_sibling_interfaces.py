@@ -18,8 +18,9 @@ INTERFACES = {
     "checkpoint/src/resiliency/checkpoint": ("resiliency.goodput",),
     "ft-core/src/resiliency/ft": (),
     "goodput/src/resiliency/goodput": (),
-    # works under plain torchrun: never the launcher (its session installs ft-launcher for tests)
-    "inprocess/src/resiliency/inprocess": ("resiliency.goodput",),
+    # works under plain torchrun: never the launcher (its session installs ft-launcher for tests);
+    # ft-core for the GPU probe of its health checks
+    "inprocess/src/resiliency/inprocess": ("resiliency.ft", "resiliency.goodput"),
     "simulator/src/resiliency/simulator": ("resiliency.goodput",),
     "straggler/src/resiliency/straggler": (),
     "ft-launcher/src/resiliency/launcher": (

@@ -37,6 +37,9 @@ _THROTTLE_BITS = {
     "power_brake": ("nvmlClocksThrottleReasonHwPowerBrakeSlowdown", 0x80),
 }
 
+# NVML's GPU recovery actions (r570+; the binding's NVML_GPU_RECOVERY_ACTION_* values).
+_RECOVERY_ACTIONS = {1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
 
 @dataclass(frozen=True)
 class GpuHealth:
@@ -50,6 +53,11 @@ class GpuHealth:
         retired_pages_pending: pages wait for retirement: the GPU needs a reset.
         row_remap_failed: the row remapper ran out of spare rows.
         throttle: the clock-throttle reasons active now ("power", "thermal", ...).
+        recovery_action: what the driver says the GPU needs before it can be trusted again
+            ("gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"); None when nothing,
+            or when the driver (older than r570) or the binding has no GPU recovery API.
+        nvlinks_down: the NVLinks NVML reports disabled (links the GPU does not have are not
+            listed).
     """
 
     index: int
@@ -58,6 +66,8 @@ class GpuHealth:
     retired_pages_pending: bool = False
     row_remap_failed: bool = False
     throttle: tuple[str, ...] = ()
+    recovery_action: str | None = None
+    nvlinks_down: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,8 @@ class GpuProbe:
             ),
             row_remap_failed=self._row_remap_failed(index, handle),
             throttle=self._throttle(index, handle),
+            recovery_action=self._recovery_action(index, handle),
+            nvlinks_down=self._nvlinks_down(index, handle),
         )
 
     def _query(self, index: int, what: str, default: Any, fn: Any, *args: Any) -> Any:
@@ -207,6 +219,37 @@ class GpuProbe:
         mask = int(self._query(index, "throttle", 0, getter, handle)) if getter else 0
         bits = {name: int(getattr(nvml, attr, bit)) for name, (attr, bit) in _THROTTLE_BITS.items()}
         return tuple(name for name, bit in bits.items() if mask & bit)
+
+    def _recovery_action(self, index: int, handle: Any) -> str | None:
+        nvml = self._nvml
+        field = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:  # a binding older than the API
+            return None
+        values = self._query(
+            index, "recovery action", (), nvml.nvmlDeviceGetFieldValues, handle, [field]
+        )
+        if not values or values[0].nvmlReturn != getattr(nvml, "NVML_SUCCESS", 0):
+            return None  # a driver older than r570 answers the field with an error
+        action = int(values[0].value.uiVal)
+        if action == getattr(nvml, "NVML_GPU_RECOVERY_ACTION_NONE", 0):
+            return None
+        return _RECOVERY_ACTIONS.get(action, f"unknown ({action})")
+
+    def _nvlinks_down(self, index: int, handle: Any) -> tuple[int, ...]:
+        nvml = self._nvml
+        getter = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
+        if getter is None:
+            return ()
+        disabled = getattr(nvml, "NVML_FEATURE_DISABLED", 0)
+        down = []
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = getter(handle, link)
+            except nvml.NVMLError:  # a link this GPU does not have
+                continue
+            if state == disabled:
+                down.append(link)
+        return tuple(down)
 
     def drain_xids(self, wait_ms: int = 0, max_per_gpu: int = 64) -> list[XidEvent]:
         """The XIDs every GPU raised since the last drain (at most ``max_per_gpu`` each).

@@ -12,9 +12,11 @@ from resiliency.inprocess import (
     initialize,
     monitor_thread,
     nested_restarter,
+    progress_watchdog,
     rank_assignment,
     state,
     store,
+    tools,
 )
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
@@ -52,7 +54,9 @@ __all__ = [
     "initialize",
     "monitor_thread",
     "nested_restarter",
+    "progress_watchdog",
     "rank_assignment",
     "state",
     "store",
+    "tools",
 ]

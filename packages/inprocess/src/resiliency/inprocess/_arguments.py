@@ -159,9 +159,9 @@ def repeat_limit(value: Any, initialize: Any) -> int | None:
 
 def _bounds_iterations(initialize: Any) -> bool:
     """Whether ``initialize`` is, or composes, a ``RetryController`` with ``max_iterations``."""
-    if isinstance(initialize, RetryController):
-        return initialize.max_iterations is not None
-    return isinstance(initialize, Compose) and any(map(_bounds_iterations, initialize.instances))
+    if isinstance(initialize, Compose):  # before RetryController: a Compose of them is one
+        return any(map(_bounds_iterations, initialize.instances))
+    return isinstance(initialize, RetryController) and initialize.max_iterations is not None
 
 
 def check_store(store_factory: Any, store_kwargs: dict[str, Any] | None) -> None:

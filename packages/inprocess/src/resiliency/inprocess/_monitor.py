@@ -43,6 +43,17 @@ def main_thread_location() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
+def monitor_timeouts(wrapper_timeouts: dict[str, float]) -> dict[str, float]:
+    """The monitor's timeouts (seconds), picked from the Wrapper's."""
+    return {
+        "interval": wrapper_timeouts["monitor_thread_interval"],
+        "soft": wrapper_timeouts["soft_timeout"],
+        "hard": wrapper_timeouts["hard_timeout"],
+        "heartbeat": wrapper_timeouts["heartbeat_timeout"],
+        "grace": wrapper_timeouts["termination_grace_time"],
+    }
+
+
 class Monitor(threading.Thread):
     """Watch one iteration of one rank (see the module docstring).
 

@@ -17,9 +17,11 @@ import contextlib
 import faulthandler
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from resiliency.inprocess.exception import ConfigError
@@ -32,6 +34,10 @@ ENTRY = Path(__file__).with_name("_monitor_process_main.py")
 #: imports nothing of this package, so the byte is written out on both sides and
 #: tests/inprocess/test_monitor_process.py holds them together).
 STOP = b"x"
+#: Between these two bytes the monitor process ends no rank (the entry's ``_SUSPEND`` and
+#: ``_RESUME``): ``CallWrapper.disable_hang_protection()``.
+SUSPEND = b"s"
+RESUME = b"r"
 
 
 class MonitorProcess:
@@ -95,6 +101,8 @@ class MonitorProcess:
         if pidfile is not None:
             self._write_pidfile(pidfile.replace("{rank}", str(rank)))
         self._halt = threading.Event()
+        self._suspended = 0  # nesting depth of disable_hang_protection()
+        self._arming = threading.Lock()  # a beat never re-arms the dump a suspend just cancelled
         self._thread = threading.Thread(
             target=self._beat, name=f"inprocess-monitor-process-beat-{rank}", daemon=True
         )
@@ -116,9 +124,42 @@ class MonitorProcess:
                 f"to {path!r} ({exc}); give a path in a writable directory"
             ) from exc
 
+    def suspend(self) -> None:
+        """Stop ending the rank for a silence until ``resume()`` (calls nest)."""
+        with self._arming:
+            self._suspended += 1
+            faulthandler.cancel_dump_traceback_later()
+        if self._suspended == 1:
+            self._send(SUSPEND)
+
+    def resume(self) -> None:
+        """End the protection's pause begun by the matching ``suspend()``."""
+        self._suspended -= 1
+        if self._suspended == 0:
+            self._send(RESUME)
+
+    def _send(self, byte: bytes) -> None:
+        """Write a control byte, waiting for room in a pipe full of beats (not dropped as a beat
+        may be: the monitor process must see every one)."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                os.write(self._write_end, byte)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.error("the monitor process reads no beats; %r not sent", byte)
+                    return
+                select.select([], [self._write_end], [], 0.1)
+            except OSError as exc:
+                log.error("the in-process monitor process is gone (%s); %r not sent", exc, byte)
+                return
+
     def _beat(self) -> None:
         while not self._halt.is_set():
-            faulthandler.dump_traceback_later(self._dump_after, exit=False)
+            with self._arming:
+                if not self._suspended:
+                    faulthandler.dump_traceback_later(self._dump_after, exit=False)
             try:
                 os.write(self._write_end, b".")
             except BlockingIOError:

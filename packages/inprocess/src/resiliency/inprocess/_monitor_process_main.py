@@ -2,9 +2,10 @@
 
 Run by its path (not ``-m``), so it imports only the standard library: not this package, whose
 ``__init__`` imports torch. It reads the beats the rank's beat thread writes to the pipe ``FD``
-and ends the rank when they stop for longer than the limit while the pipe is still open: the
-rank's Python threads could not run (the main thread holds the GIL in a C call), so neither its
-monitor thread nor any signal handler can end the hang from inside. It then writes the launcher's
+and ends the rank when they stop for longer than the limit while the pipe is still open and no
+``_SUSPEND`` byte is waiting for its ``_RESUME``: the rank's Python threads could not run (the
+main thread holds the GIL in a C call), so neither its monitor thread nor any signal handler can
+end the hang from inside. It then writes the launcher's
 respawn request (when given a path), sends SIGTERM and, after the grace time, SIGKILL. It ends
 with the rank: at the pipe's EOF, or by its parent-death signal.
 
@@ -26,6 +27,9 @@ _PR_SET_PDEATHSIG = 1
 #: The rank's last byte: its wrapped call is over. The pipe's end alone would not do: a process
 #: the rank forked meanwhile (a DataLoader worker) holds a copy of the write end.
 _STOP = b"x"
+#: ``CallWrapper.disable_hang_protection()``: no end for a silence between these two bytes.
+_SUSPEND = b"s"
+_RESUME = b"r"
 
 
 def _die_with(parent: int) -> None:
@@ -82,6 +86,14 @@ def _end(rank: int, pid: int, *, silent: float, limit: float, grace: float, resp
         os.kill(pid, signal.SIGKILL)
 
 
+def _suspended_after(data: bytes, suspended: bool) -> bool:
+    """Whether the hang protection is off after ``data``: its last suspend or resume byte."""
+    at_suspend, at_resume = data.rfind(_SUSPEND), data.rfind(_RESUME)
+    if at_suspend == at_resume:  # neither: beats only
+        return suspended
+    return at_suspend > at_resume
+
+
 def _main(argv: list[str]) -> int:
     if len(argv) != 8:
         sys.stderr.write(
@@ -99,16 +111,18 @@ def _main(argv: list[str]) -> int:
     # A SIGTERM to the rank's process group (a launcher stopping the workers) ends the rank,
     # and with it this process: nothing of its own to finish.
     last = time.monotonic()
+    suspended = False
     while True:
         readable, _, _ = select.select([fd], [], [], interval)
         if readable:
             data = os.read(fd, 4096)
             if not data or _STOP in data:
                 return 0  # the wrapped call is over (a stop byte, or the pipe closed)
+            suspended = _suspended_after(data, suspended)
             last = time.monotonic()
             continue
         silent = time.monotonic() - last
-        if silent > limit:
+        if silent > limit and not suspended:
             _end(rank, pid, silent=silent, limit=limit, grace=grace, respawn=respawn)
             return 0
 

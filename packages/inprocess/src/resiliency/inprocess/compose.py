@@ -56,6 +56,12 @@ class Compose:
         composed.instances = tuple(instances)
         return composed
 
+    def __init__(self, *instances: Callable[..., Any]) -> None:
+        """Nothing to do (``__new__`` set everything). Defined so that Python's call of
+        ``__init__`` with the chained callables never reaches the common base class's own
+        ``__init__``: ``Compose(FaultCounter(), FaultCounter())`` is not a FaultCounter built
+        with two callables as its arguments."""
+
     def __call__(self, *args: Any) -> Any:
         """Call the last callable first, each on what the previous one returned."""
         result: Any = None

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import torch.distributed as dist
 
 from resiliency.inprocess import (
+    _after_fault,
     _arguments,
     _barriers,
     _gloo_sockets,
@@ -32,11 +33,11 @@ from resiliency.inprocess import (
     _torch_compat,
 )
 from resiliency.inprocess._call_params import params_annotated
-from resiliency.inprocess._failed_call import Fence, is_collective_error, release
+from resiliency.inprocess._failed_call import Fence, release
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
-from resiliency.inprocess._monitor import Monitor
+from resiliency.inprocess._monitor import Monitor, monitor_timeouts
 from resiliency.inprocess._monitor_process import MonitorProcess
 from resiliency.inprocess._progress import Progress
 from resiliency.inprocess._restart_report import RestartTimes, report_restart
@@ -46,7 +47,6 @@ from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
     ConfigError,
-    HealthCheckError,
     RankShouldRestart,
     RepeatedFaultError,
     RestartAbort,
@@ -54,7 +54,12 @@ from resiliency.inprocess.exception import (
     UnassignedRankError,
 )
 from resiliency.inprocess.finalize import Finalize
-from resiliency.inprocess.health_check import HealthCheck
+from resiliency.inprocess.health_check import (
+    ChainedGPUHealthCheck,
+    ChainedNVLHealthCheck,
+    HealthCheck,
+    local_gpu_index,
+)
 from resiliency.inprocess.initialize import Initialize
 from resiliency.inprocess.rank_assignment import (
     ActivateAllRanks,
@@ -86,7 +91,8 @@ class Wrapper:
         initialize: run at the start of every iteration.
         abort: ends pending collectives on a fault (default: ``AbortTorchDistributed()``).
         finalize: rank-local clean-up after the abort.
-        health_check: after the abort; raising takes the rank out of the job.
+        health_check: after the abort; raising takes the rank out of the job. With
+            ``LOCAL_RANK`` set, ``restart_health_check`` runs it and then this rank's GPU checks.
         rank_assignment: reassigns ranks after a fault (default: shift ranks down, all active).
         monitor_thread_interval: how often the monitor thread looks for faults.
         monitor_process_interval: how often the monitor process checks that the rank's Python
@@ -159,6 +165,11 @@ class Wrapper:
         self.abort = AbortTorchDistributed() if abort is None else abort
         self.finalize = finalize
         self.health_check = health_check
+        gpu = local_gpu_index()  # NVRx 0.5: Compose(user's, GPU, NVLink), so NVLink runs first
+        users = health_check.instances if isinstance(health_check, Compose) else [health_check]
+        gpu_checks = () if gpu is None else (ChainedGPUHealthCheck(gpu), ChainedNVLHealthCheck(gpu))
+        parts = [c for c in (*users, *gpu_checks) if c is not None]
+        self.restart_health_check = Compose(*parts) if gpu_checks else health_check
         self.rank_assignment = rank_assignment or Compose(ActivateAllRanks(), ShiftRanks())
         self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
         self.enabled = enabled
@@ -281,6 +292,21 @@ class CallWrapper:
         self._marks += 1
 
     @contextlib.contextmanager
+    def disable_hang_protection(self) -> Iterator[None]:
+        """A block exempt from the soft and hard timeouts (a long compile, a slow load): no
+        restart and no kill for a lack of progress inside it, and the clocks start afresh at
+        its end. An exception, or a peer's fault, still restarts. Blocks nest (NVRx 0.5)."""
+        self.progress.suspend()
+        if self._monitor_process is not None:
+            self._monitor_process.suspend()
+        try:
+            yield
+        finally:
+            if self._monitor_process is not None:
+                self._monitor_process.resume()
+            self.progress.resume()
+
+    @contextlib.contextmanager
     def atomic(self, *, progress: bool = True) -> Iterator[None]:
         """A block the abort never runs in the middle of (e.g. an optimizer step); a restart
         request that comes while it runs, or waits to start, is raised when it ends.
@@ -341,13 +367,7 @@ class CallWrapper:
             abort=self.wrapper.abort,
             atomic_lock=self.atomic_lock,
             hosting_store=self._hosting,
-            timeouts={
-                "interval": self.timeouts["monitor_thread_interval"],
-                "soft": self.timeouts["soft_timeout"],
-                "hard": self.timeouts["hard_timeout"],
-                "heartbeat": self.timeouts["heartbeat_timeout"],
-                "grace": self.timeouts["termination_grace_time"],
-            },
+            timeouts=monitor_timeouts(self.timeouts),
         )
         self._monitor = monitor
         started = time.monotonic()
@@ -398,54 +418,17 @@ class CallWrapper:
             monitor.stop()
 
     def _restart(self, exc: BaseException) -> None:
-        state = self.state
-        store = self.store
-        monitor = self._monitor
+        state, store, monitor = self.state, self.store, self._monitor
         started = time.monotonic()
         it = state.iteration
-        own = not (
-            isinstance(exc, RankShouldRestart)
-            or monitor.aborted.is_set()
-            # A collective that failed after a peer's reported fault is that fault's echo.
-            or (is_collective_error(exc) and store.fault_count(it) > 0)
-        )
-        if own:
-            reason = f"{type(exc).__name__}: {exc}"
-            log.error(
-                "rank %d: iteration %d: the wrapped function raised %s",
-                state.rank,
-                it,
-                reason,
-                exc_info=exc,
-            )
-            store.report_fault(it, state.initial_rank, {"kind": "exception", "reason": reason})
-        else:
-            log.warning(
-                "rank %d: iteration %d: restarting: %s (%s: %s)",
-                state.rank,
-                it,
-                monitor.cause or "fault elsewhere",
-                type(exc).__name__,
-                exc,
-            )
+        own = _after_fault.record(exc, state=state, store=store, monitor=monitor)
         state.fn_exception = exc if own else None
         if not monitor.aborted.is_set() and self.wrapper.abort is not None:
-            try:
-                self.wrapper.abort(state.freeze())
-            except Exception:
-                log.exception("rank %d: the abort callback failed", state.rank)
+            _after_fault.abort(self.wrapper.abort, state)
         aborted = time.monotonic()
         try:
-            if self.wrapper.finalize is not None:
-                self.wrapper.finalize(state.freeze())
-            if self.wrapper.health_check is not None:
-                try:
-                    self.wrapper.health_check(state.freeze())
-                except Exception as health_exc:
-                    raise HealthCheckError(
-                        f"rank {state.rank}: health check failed after iteration {it}: "
-                        f"{type(health_exc).__name__}: {health_exc}"
-                    ) from health_exc
+            check = self.wrapper.restart_health_check
+            _after_fault.finalize_and_check(self.wrapper.finalize, check, state)
         except (*_TERMINAL, Exception) as terminal:
             self.store.leave_job(self.state, terminal)
             raise
