@@ -6,6 +6,7 @@ CPU with gloo. See docs/inprocess.md.
 
 from resiliency.inprocess import (
     abort,
+    auto_restart,
     exception,
     finalize,
     health_check,
@@ -48,6 +49,7 @@ __all__ = [
     "State",
     "Wrapper",
     "abort",
+    "auto_restart",
     "exception",
     "finalize",
     "health_check",
