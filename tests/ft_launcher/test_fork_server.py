@@ -113,6 +113,31 @@ def test_a_command_the_server_cannot_fork_starts_as_a_new_process(tmp_path: Path
     assert time.monotonic() - started < 8
 
 
+def test_a_worker_gets_sigchld_back_and_its_exit_is_reported_without_a_poll(
+    tmp_path: Path,
+) -> None:
+    server = ForkServer(["json"])
+    try:
+        out = tmp_path / "out.txt"
+        script = tmp_path / "dispositions.py"
+        # The server's SIGCHLD handler and wakeup pipe are its own: a worker has a new
+        # interpreter's (set_wakeup_fd returns the previous descriptor: -1 for none).
+        script.write_text(
+            "import signal, sys\n"
+            "print(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL, signal.set_wakeup_fd(-1))\n"
+            "sys.stdout.flush()\n"
+            "import os\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n"
+        )
+        proc = server.spawn([sys.executable, str(script)], dict(os.environ), str(out), None)
+        assert isinstance(proc, ForkedProc)
+        # Reported through the server's SIGCHLD wakeup (its 50 ms poll is only a fallback).
+        assert proc.wait(30) == -signal.SIGKILL
+        assert out.read_text() == "True -1\n"
+    finally:
+        server.close()
+
+
 def test_a_module_the_server_cannot_import_stops_the_launcher_before_any_worker(
     launch, marker_dir: Path
 ) -> None:

@@ -58,3 +58,46 @@ def test_without_workers_the_loop_sleeps_the_interval() -> None:
     started = time.monotonic()
     sleep_until_an_exit(cycle_of(), 0.3)
     assert time.monotonic() - started >= 0.25
+
+
+class _Reports:
+    """A fork server's exit reports, arriving when the test says."""
+
+    def __init__(self) -> None:
+        self.codes: dict[int, int] = {}
+
+    def exit_code(self, pid: int) -> int | None:
+        return self.codes.get(pid)
+
+
+def test_a_worker_reaped_elsewhere_wakes_the_loop_once_its_exit_report_arrived() -> None:
+    # The worker is a shell's child, as a forked worker is the fork server's: the shell reaps
+    # it, and its exit code reaches the agent later, as the server's report does.
+    shell = subprocess.Popen(
+        ["sh", "-c", "sleep 600 & echo $!; wait"], stdout=subprocess.PIPE, text=True
+    )
+    assert shell.stdout is not None
+    worker = int(shell.stdout.readline())
+    reports = _Reports()
+    reported = threading.Event()
+
+    def die_then_report() -> None:
+        os.kill(worker, signal.SIGKILL)
+        shell.wait(timeout=LONG_S)  # the shell has reaped its child and exited
+        time.sleep(0.3)  # the report is still on its way over the server's socket
+        reports.codes[worker] = -9
+        reported.set()
+
+    cycle = cycle_of(worker)
+    threading.Timer(0.1, die_then_report).start()
+    try:
+        sleep_until_an_exit(cycle, LONG_S, reports)
+        # Returning earlier would let the agent see the worker still running and then sleep a
+        # whole interval; the report is what it reads the exit code from.
+        assert reported.is_set()
+        assert cycle.exits_seen == {worker}
+    finally:
+        reported.wait(LONG_S)
+        if shell.poll() is None:
+            shell.kill()
+        shell.communicate(timeout=LONG_S)

@@ -17,6 +17,7 @@ import os
 import select
 import time
 from pathlib import Path
+from typing import Protocol
 
 from resiliency.launcher._cycle import Cycle
 
@@ -29,18 +30,34 @@ logger = logging.getLogger(__name__)
 _REAP_POLL_S = 0.002
 
 
-def _reaped_or_ours(pid: int) -> bool:
-    """Whether ``pid`` is gone (reaped), or a zombie this process must reap itself."""
+class ExitReports(Protocol):
+    """Where the exit codes of workers forked by the pre-imported server arrive (ForkServer)."""
+
+    def exit_code(self, pid: int) -> int | None:
+        """The worker's exit code once reported, else None."""
+
+
+def _exit_visible(pid: int, reports: ExitReports | None) -> bool:
+    """Whether the agent can see ``pid``'s exit: a zombie this process must reap itself, or a
+    process another parent reaped whose exit code has reached this process (``reports``; None:
+    nothing to wait for once it is gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True
+        return reports is None or reports.exit_code(pid) is not None
     # "pid (comm) state ppid ...": comm may hold spaces, so split after its last ')'
     return int(stat[stat.rindex(")") + 2 :].split()[1]) == os.getpid()
 
 
-def sleep_until_an_exit(cycle: Cycle, timeout: float) -> None:
-    """Sleep ``timeout`` seconds, or less: until a worker of ``cycle`` not yet seen exits."""
+def sleep_until_an_exit(cycle: Cycle, timeout: float, reports: ExitReports | None = None) -> None:
+    """Sleep ``timeout`` seconds, or less: until a worker of ``cycle`` not yet seen exits.
+
+    Args:
+        cycle: the workers to watch.
+        timeout: the longest sleep (the monitoring interval).
+        reports: the pre-imported server's exit reports, for the workers it forked (the agent
+            reads their exit codes from it); None without the server.
+    """
     fds: dict[int, int] = {}
     try:
         for pid in sorted(set(cycle.pids.values()) - cycle.exits_seen):
@@ -61,10 +78,12 @@ def sleep_until_an_exit(cycle: Cycle, timeout: float) -> None:
         exited = [fds[fd] for fd in ready]
         cycle.exits_seen.update(exited)
         # A worker forked by the pre-imported server is that server's child: the agent learns
-        # its exit code only once the server has reaped it. Looking before would see it still
-        # running and then sleep a whole interval.
+        # its exit code only once the server has reaped it and its report has arrived. Looking
+        # before would see it still running and then sleep a whole interval.
         deadline = started + timeout
-        while not all(_reaped_or_ours(pid) for pid in exited) and time.monotonic() < deadline:
+        while (
+            not all(_exit_visible(pid, reports) for pid in exited) and time.monotonic() < deadline
+        ):
             time.sleep(_REAP_POLL_S)
     finally:
         for fd in fds:

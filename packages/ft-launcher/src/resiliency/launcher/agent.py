@@ -327,7 +327,7 @@ class FtElasticAgent(CompatAgent):
         spec = group.spec
         self.initialize_workers()
         while True:
-            sleep_until_an_exit(self._cycle, spec.monitor_interval)
+            sleep_until_an_exit(self._cycle, spec.monitor_interval, self._settings.fork_server)
             result, state = self._look(group)
             if self.supervision is not None and (asked := self.supervision.take_request()):
                 result, state = self._follow_supervisor(asked, result, state)

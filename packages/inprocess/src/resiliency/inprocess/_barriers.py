@@ -53,12 +53,14 @@ def restart_barrier(
     members: list[int],
     liveness: Liveness,
     timeout: float,
+    while_waiting: Callable[[], None] | None = None,
 ) -> list[int]:
     """Meet the other ranks of ``iteration``; return the agreed survivors (initial ranks).
 
     A member counts once it arrived or was reported gone (terminated, or its heartbeat
     stopped). The survivors are then fixed by the first rank to propose them, so every rank
-    continues with the same set.
+    continues with the same set. ``while_waiting`` is called at each look that finds a member
+    still missing (work that may be done meanwhile).
 
     Raises:
         TimeoutError: a member neither arrived nor was reported gone within ``timeout``.
@@ -70,6 +72,8 @@ def restart_barrier(
         missing = set(members) - gone - store.arrived(iteration)
         for rank, silent in liveness.stale(sorted(missing)).items():
             store.mark_terminated(rank, f"no heartbeat for {silent:.1f} s at the restart barrier")
+        if missing and while_waiting is not None:
+            while_waiting()
         return not missing
 
     def missing() -> str:

@@ -33,7 +33,7 @@ from resiliency.inprocess import (
     _torch_compat,
 )
 from resiliency.inprocess._call_params import params_annotated
-from resiliency.inprocess._failed_call import Fence, release
+from resiliency.inprocess._failed_call import Fence, PendingRelease
 from resiliency.inprocess._heartbeat import Heartbeat
 from resiliency.inprocess._interrupt import Interrupter
 from resiliency.inprocess._liveness import Liveness
@@ -441,6 +441,7 @@ class CallWrapper:
         state = self.state
         store = self.store
         store.add_progress(it, self._marks)
+        failed = None if exc is None else PendingRelease(exc, self._fence, times.aborted)
         survivors = _barriers.restart_barrier(
             store,
             iteration=it,
@@ -448,6 +449,7 @@ class CallWrapper:
             members=self._members,
             liveness=Liveness(store, self.timeouts["heartbeat_timeout"]),
             timeout=self.timeouts["barrier_timeout"],
+            while_waiting=None if failed is None else failed.if_drained,
         )
         if state.initial_rank not in survivors:
             discarded = RankDiscarded(
@@ -467,8 +469,8 @@ class CallWrapper:
             self.store.leave_job(self.state, repeated)
             raise
         met = time.monotonic()
-        if exc is not None:
-            release(exc, self._fence)
+        if failed is not None:
+            failed.now()
         lost = [r for r in self._members if r not in survivors]
         ranks_then = [store.rank_in(it, r) for r in lost]  # numbered as in iteration ``it``
         terminated_now = {r for r in ranks_then if r is not None}
