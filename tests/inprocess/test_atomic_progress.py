@@ -139,22 +139,29 @@ def test_once_pinged_the_rank_must_ping_again_running_python_is_not_enough() -> 
     assert progress.stalled_for() < 0.05
 
 
+def _watching(store: dist.Store, soft_timeout_s: float) -> inprocess.Wrapper:
+    """A Wrapper on ``store`` that looks every 50 ms and restarts after ``soft_timeout_s``
+    without progress (the hard timeout far away, no stop rule)."""
+    fast = timedelta(seconds=0.05)
+    return inprocess.Wrapper(
+        store_factory=lambda: store,
+        monitor_thread_interval=fast,
+        monitor_process_interval=fast,
+        heartbeat_interval=fast,
+        progress_watchdog_interval=fast,
+        soft_timeout=timedelta(seconds=soft_timeout_s),
+        hard_timeout=timedelta(seconds=30),
+        max_repeated_faults=None,
+    )
+
+
 def test_a_function_that_pinged_and_then_stopped_pinging_is_restarted_by_the_soft_timeout(
     one_rank: dist.HashStore,
 ) -> None:
     store = one_rank
     iterations: list[int] = []
 
-    @inprocess.Wrapper(
-        store_factory=lambda: store,
-        monitor_thread_interval=timedelta(seconds=0.05),
-        monitor_process_interval=timedelta(seconds=0.05),
-        heartbeat_interval=timedelta(seconds=0.05),
-        progress_watchdog_interval=timedelta(seconds=0.05),
-        soft_timeout=timedelta(seconds=1),
-        hard_timeout=timedelta(seconds=30),
-        max_repeated_faults=None,
-    )
+    @_watching(store, soft_timeout_s=1)
     def train(call_wrapper: inprocess.CallWrapper | None = None) -> int:
         assert call_wrapper is not None
         iterations.append(call_wrapper.iteration)
@@ -177,16 +184,7 @@ def test_no_progress_inside_disable_hang_protection_is_no_hang_and_the_clock_res
     store = one_rank
     marks: list[str] = []
 
-    @inprocess.Wrapper(
-        store_factory=lambda: store,
-        monitor_thread_interval=timedelta(seconds=0.05),
-        monitor_process_interval=timedelta(seconds=0.05),
-        heartbeat_interval=timedelta(seconds=0.05),
-        progress_watchdog_interval=timedelta(seconds=0.05),
-        soft_timeout=timedelta(seconds=0.5),
-        hard_timeout=timedelta(seconds=30),
-        max_repeated_faults=None,
-    )
+    @_watching(store, soft_timeout_s=0.5)
     def train(call_wrapper: inprocess.CallWrapper | None = None) -> int:
         assert call_wrapper is not None
         if call_wrapper.iteration > 0:
