@@ -45,17 +45,20 @@ def test_health_reads_ecc_and_a_board_without_ecc_is_clean(nvml: ModuleType) -> 
     probe.close()
 
 
-def test_health_reads_the_recovery_action_and_the_nvlinks_that_are_down(nvml: ModuleType) -> None:
+def test_health_reads_the_recovery_action_and_the_nvlinks_are_read_on_demand(
+    nvml: ModuleType,
+) -> None:
     probe = GpuProbe()
+    assert probe.nvlinks_down(0) == ()  # not open: nothing to read
     probe.open()
-    clean = probe.health(0)
-    assert (clean.recovery_action, clean.nvlinks_down) == (None, ())  # no links: none down
+    assert probe.health(0).recovery_action is None
+    assert probe.nvlinks_down(0) == ()  # a GPU without NVLink
     nvml.set_recovery_action(0, nvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)
     nvml.set_recovery_action(1, 7)  # a value newer than this probe
     nvml.set_nvlinks(1, [nvml.NVML_FEATURE_ENABLED, nvml.NVML_FEATURE_DISABLED] * 2)
     assert probe.health(0).recovery_action == "gpu_reset"
     assert probe.health(1).recovery_action == "unknown (7)"
-    assert probe.health(1).nvlinks_down == (1, 3)
+    assert probe.nvlinks_down(1) == (1, 3)
     probe.close()
 
 

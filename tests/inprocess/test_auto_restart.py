@@ -7,10 +7,14 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from zygote_client import start_python
 
 JOB = Path(__file__).with_name("jobs") / "auto_restart_job.py"
 DEADLINE_S = 60.0
+# Both files fork from one zygote (torch and resiliency.inprocess imported): in one xdist
+# worker, so it starts once.
+pytestmark = pytest.mark.xdist_group("inprocess_tools_zygote")
 
 
 def test_a_failed_child_is_forked_again_until_one_exits_0(tmp_path: Path) -> None:

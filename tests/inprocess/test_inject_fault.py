@@ -17,6 +17,9 @@ from zygote_client import start_python
 JOB = Path(__file__).with_name("jobs") / "inject_fault_job.py"
 MODULES = ("torch", "resiliency.inprocess")
 DEADLINE_S = 60.0
+# Both files fork from one zygote (torch and resiliency.inprocess imported): in one xdist
+# worker, so it starts once.
+pytestmark = pytest.mark.xdist_group("inprocess_tools_zygote")
 
 
 @pytest.fixture

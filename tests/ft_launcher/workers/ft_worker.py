@@ -86,8 +86,6 @@ def main() -> int:
             mark(marker, f"preemption-{RANK}-{ATTEMPT}")
 
         signal.signal(signal.SIGTERM, _on_term)
-    if args.mode in ("ignore_sigterm", "exit_on_sigterm", "crash_reads_stop_mark"):
-        mark(marker, f"armed-{RANK}-{ATTEMPT}")  # the SIGTERM handler is in place
     if args.mode == "child_ignores_sigterm":
         # Like a data-loader worker that ignores SIGTERM: must not outlive the launcher.
         code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
@@ -96,6 +94,10 @@ def main() -> int:
 
     client = RankMonitorClient()
     client.init_workload_monitoring()
+    if args.mode in ("ignore_sigterm", "exit_on_sigterm", "crash_reads_stop_mark"):
+        # The SIGTERM handler is in place and the rank monitor connected: a group SIGTERM sent
+        # earlier could end the monitor mid-handshake, and the worker with an error of its own.
+        mark(marker, f"armed-{RANK}-{ATTEMPT}")
     use_sections = args.mode.endswith("section") or args.mode == "sections"
     for step in range(args.steps):
         if use_sections:

@@ -56,8 +56,6 @@ class GpuHealth:
         recovery_action: what the driver says the GPU needs before it can be trusted again
             ("gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"); None when nothing,
             or when the driver (older than r570) or the binding has no GPU recovery API.
-        nvlinks_down: the NVLinks NVML reports disabled (links the GPU does not have are not
-            listed).
     """
 
     index: int
@@ -67,7 +65,6 @@ class GpuHealth:
     row_remap_failed: bool = False
     throttle: tuple[str, ...] = ()
     recovery_action: str | None = None
-    nvlinks_down: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,7 +195,6 @@ class GpuProbe:
             row_remap_failed=self._row_remap_failed(index, handle),
             throttle=self._throttle(index, handle),
             recovery_action=self._recovery_action(index, handle),
-            nvlinks_down=self._nvlinks_down(index, handle),
         )
 
     def _query(self, index: int, what: str, default: Any, fn: Any, *args: Any) -> Any:
@@ -235,20 +231,26 @@ class GpuProbe:
             return None
         return _RECOVERY_ACTIONS.get(action, f"unknown ({action})")
 
-    def _nvlinks_down(self, index: int, handle: Any) -> tuple[int, ...]:
+    def nvlinks_down(self, index: int) -> tuple[int, ...]:
+        """The NVLinks of GPU ``index`` that NVML reports disabled (none without NVML).
+
+        Read on demand, not in :meth:`health`: up to 18 queries per GPU that the periodic
+        readers of health do not need. Links are numbered from 0; the first one NVML refuses
+        ends the list (the GPU has no more).
+        """
         nvml = self._nvml
         getter = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
-        if getter is None:
+        if nvml is None or getter is None:
             return ()
         disabled = getattr(nvml, "NVML_FEATURE_DISABLED", 0)
         down = []
-        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-            try:
-                state = getter(handle, link)
-            except nvml.NVMLError:  # a link this GPU does not have
-                continue
-            if state == disabled:
-                down.append(link)
+        try:
+            handle = self._handles[index] or nvml.nvmlDeviceGetHandleByIndex(index)
+            for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+                if getter(handle, link) == disabled:
+                    down.append(link)
+        except nvml.NVMLError as exc:  # past the GPU's last link, or no NVLink at all
+            logger.debug("GPU %d: NVLink state read stops: %s", index, exc)
         return tuple(down)
 
     def drain_xids(self, wait_ms: int = 0, max_per_gpu: int = 64) -> list[XidEvent]:

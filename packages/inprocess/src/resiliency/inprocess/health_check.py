@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from resiliency.ft import GpuHealth, GpuProbe
+from resiliency.ft import GpuProbe
 from resiliency.inprocess.exception import HealthCheckError, RestartError, TimeoutError
 from resiliency.inprocess.state import FrozenState
 
@@ -114,7 +114,8 @@ class _NvmlCheck(HealthCheck):
         self._probe = GpuProbe()
         self._unchecked_said = False
 
-    def _read(self) -> GpuHealth | None:
+    def _opened(self) -> GpuProbe | None:
+        """The probe, open, with this check's GPU in it; else None (logged once)."""
         if not self._probe.open():
             return None  # the probe logged why, once
         if self.device_index >= self._probe.count:
@@ -126,7 +127,7 @@ class _NvmlCheck(HealthCheck):
                     *(type(self).__name__, self._probe.count, self.device_index),
                 )
             return None
-        return self._probe.health(self.device_index)
+        return self._probe
 
 
 class ChainedGPUHealthCheck(_NvmlCheck):
@@ -136,9 +137,10 @@ class ChainedGPUHealthCheck(_NvmlCheck):
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Raise ``HealthCheckError`` naming the GPU and what it needs; else return ``state``."""
-        health = self._read()
-        if health is None:
+        probe = self._opened()
+        if probe is None:
             return state
+        health = probe.health(self.device_index)
         problems = [
             *([f"NVML cannot reach it ({health.error})"] if health.error else []),
             *([f"the driver asks for {health.recovery_action}"] if health.recovery_action else []),
@@ -161,11 +163,12 @@ class ChainedNVLHealthCheck(_NvmlCheck):
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Log a warning naming the links that are down; return ``state``."""
-        health = self._read()
-        if health is not None and health.nvlinks_down:
+        probe = self._opened()
+        down = () if probe is None else probe.nvlinks_down(self.device_index)
+        if down:
             log.warning(
                 "rank %s: GPU %d: NVLink(s) %s down; the restart goes on (collectives may be "
                 "slower, or NCCL may fail on them); check `nvidia-smi nvlink --status`",
-                *(state.rank, self.device_index, list(health.nvlinks_down)),
+                *(state.rank, self.device_index, list(down)),
             )
         return state
