@@ -158,8 +158,8 @@ class ChainedGPUHealthCheck(_NvmlCheck):
 
 class ChainedNVLHealthCheck(_NvmlCheck):
     """Report the NVLinks of this rank's GPU that are down, and go on: NCCL routes around a
-    lost link or fails with its own error, so a link alone does not take the rank out (as in
-    NVRx 0.5, where an NVLink failure is logged, not raised)."""
+    lost link or fails with its own error, so a link alone does not take the rank out (NVRx's
+    own tests call its NVLink failure "ignored"). NVRx 0.5's name."""
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Log a warning naming the links that are down; return ``state``."""
