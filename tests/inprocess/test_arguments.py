@@ -35,10 +35,32 @@ def test_an_unrelated_unknown_argument_is_an_error() -> None:
         inprocess.Wrapper(zzz=1)
 
 
-@pytest.mark.parametrize("name", ["rank_filter", "completion", "terminate"])
-def test_arguments_of_other_nvrx_releases_say_they_are_not_supported(name: str) -> None:
-    with pytest.raises(ConfigError, match=f"{name}=...\\) is not supported"):
-        inprocess.Wrapper(**{name: object()})
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [
+        ("rank_filter", "rank_filter.RankFilter"),
+        ("completion", "completion.Completion"),
+        ("terminate", "terminate.Terminate"),
+    ],
+)
+def test_nvrx_0_5_and_deprecated_callbacks_of_the_wrong_kind_name_their_class(
+    name: str, base: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"{name}=.*resiliency.inprocess.{base}"):
+        inprocess.Wrapper(**{name: lambda state: state})
+
+
+def test_rank_filter_is_accepted_with_nvrxs_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"rank_filter=.*deprecated.*rank_assignment"):
+        wrapper = inprocess.Wrapper(
+            rank_filter=inprocess.Compose(
+                inprocess.rank_filter.MaxActiveWorldSize(3),
+                inprocess.rank_filter.WorldSizeDivisibleBy(2),
+            )
+        )
+    assert isinstance(wrapper.rank_filter, inprocess.rank_filter.RankFilter)
+    with pytest.raises(ConfigError, match=r"MaxActiveWorldSize\(0\)"):
+        inprocess.rank_filter.MaxActiveWorldSize(0)
 
 
 def test_a_number_instead_of_a_timedelta_shows_the_fix() -> None:

@@ -61,3 +61,43 @@ def test_a_raised_fault_restarts_every_rank_in_process_from_the_checkpoint(
     assert all(f == finals[0] for f in finals), "the ranks ended with different parameters"
     # within float32 rounding: a new DDP's first all-reduce uses its initial bucket layout
     assert finals[0] == pytest.approx(unbroken, rel=1e-5, abs=1e-6)
+
+
+def _nested_lines(run: Run) -> list[str]:
+    """The nested restarter's states, in order, as rank 0 logged them (the only rank that does)."""
+    lines = [line for line in run.output.splitlines() if "[NestedRestarter]" in line]
+    assert all(line.startswith("rank 0 |") for line in lines), lines
+    return [line.split("name=[InProcess] ", 1)[1] for line in lines]
+
+
+def test_the_nested_restarter_logs_each_restart_and_the_completion(tmp_path: Path) -> None:
+    # NVRx's advanced_example.py --nested-restarter: initialize, abort, completion, terminate
+    run = _run(
+        tmp_path,
+        *("--mode", "optimal", "--nested-restarter", "--fault", f"{FAULT_RANK}@{FAULT_AT}"),
+        launcher=FtLauncher,
+    )
+    assert run.returncode == 0, run.output[-8000:]
+    assert _nested_lines(run) == [
+        "state=initialize",
+        "state=handling stage=starting",
+        "state=handling stage=completed",
+        "state=finalized",
+    ], run.output[-6000:]
+
+
+def test_a_fault_that_repeats_ends_the_job_through_the_terminate_callback(tmp_path: Path) -> None:
+    run = _run(
+        tmp_path,
+        *("--mode", "optimal", "--nested-restarter", "--fault-every-call"),
+        *("--fault", f"{FAULT_RANK}@5"),
+        launcher=FtLauncher,
+    )
+    assert run.returncode != 0
+    assert "RepeatedFaultError: the same fault ended 3 attempts in a row" in run.output
+    states = _nested_lines(run)
+    assert states[-1] == "state=aborted" and "state=finalized" not in states, states
+    # torch's excepthook prefixes a traceback's lines once, with the current rank: not once per
+    # init_process_group of the three attempts ("[rank2]: [rank2]: [rank2]: ...")
+    tracebacks = [line for line in run.output.splitlines() if "Traceback" in line]
+    assert tracebacks and all(line.count("[rank") <= 1 for line in tracebacks), tracebacks

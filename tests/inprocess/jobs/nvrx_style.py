@@ -10,11 +10,14 @@ its users start from, so their shape is what a user coming from NVRx brings:
   ``inprocess.health_check.CudaHealthCheck()`` (which must pass on a machine with no GPU).
 * ``optimal``: the store, model and optimizer are made once, outside the wrapped ``train()``,
   which gets them as arguments and forms each call's group on a ``PrefixStore`` named by
-  ``call_wrapper.iteration``.
+  ``call_wrapper.iteration``. With ``--nested-restarter`` (NVRx's ``advanced_example.py``) the
+  Wrapper also gets the nested restarter's ``initialize``, ``abort`` (composed with
+  ``AbortTorchDistributed``), ``completion`` and ``terminate`` callbacks.
 
 Both save every ``--chkpt-interval`` iterations from rank 0 inside ``call_wrapper.atomic()`` after
 a barrier, as the examples do. ``--fault RANK@ITER`` raises once, in the first call, on that
-rank at that training iteration. Each rank appends JSON lines to ``--out/rank{R}.jsonl``: a
+rank at that training iteration (in every call with ``--fault-every-call``: a fault that
+repeats). Each rank appends JSON lines to ``--out/rank{R}.jsonl``: a
 ``start`` per call (the call's restart ``iteration``, the training ``step`` it resumes from, its
 pid) and a ``done`` with the final parameters. Each iteration's batch is drawn from a generator
 seeded by the iteration and the rank, so a resumed run trains on the unbroken run's data.
@@ -49,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--path", required=True, help="folder of the checkpoint file")
     parser.add_argument("--out", required=True, help="folder of the per-rank records")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--nested-restarter", action="store_true")
+    parser.add_argument("--fault-every-call", action="store_true")
     return parser.parse_args()
 
 
@@ -113,7 +118,8 @@ def train_loop(
                 }
                 with call_wrapper.atomic():
                     torch.save(checkpoint, checkpoint_path)
-        if args.fault and not faulted and args.fault == f"{rank}@{iteration}":
+        once = not faulted or args.fault_every_call
+        if args.fault and once and args.fault == f"{rank}@{iteration}":
             faulted = True
             raise RuntimeError(f"example fault at {iteration=} from {rank=}")
         generator = torch.Generator().manual_seed(iteration * 1000 + rank)
@@ -146,10 +152,6 @@ def main_basic(call_wrapper: inprocess.CallWrapper | None = None) -> None:
     train_loop(args, call_wrapper, model, opt, device)
 
 
-@inprocess.Wrapper(
-    store_kwargs={"port": int(os.getenv("MASTER_PORT", "29500")) + 2},
-    health_check=inprocess.health_check.CudaHealthCheck(),
-)
 def train_optimal(
     base_store: torch.distributed.Store,
     model: torch.nn.Module,
@@ -184,7 +186,20 @@ def main() -> None:
     device, backend, timeout = backend_of(args)
     model = make_model(args, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    train_optimal(app_store(args), model, opt, backend, device, timeout, args)
+    wrapper_kwargs: dict = {
+        "store_kwargs": {"port": int(os.getenv("MASTER_PORT", "29500")) + 2},
+        "health_check": inprocess.health_check.CudaHealthCheck(),
+    }
+    if args.nested_restarter:
+        nested = inprocess.nested_restarter
+        wrapper_kwargs["initialize"] = nested.NestedRestarterHandlingCompleted()
+        wrapper_kwargs["abort"] = inprocess.Compose(
+            inprocess.abort.AbortTorchDistributed(), nested.NestedRestarterHandlingStarting()
+        )
+        wrapper_kwargs["completion"] = nested.NestedRestarterFinalized()
+        wrapper_kwargs["terminate"] = nested.NestedRestarterAborted()
+    wrapped = inprocess.Wrapper(**wrapper_kwargs)(train_optimal)
+    wrapped(app_store(args), model, opt, backend, device, timeout, args)
 
 
 if __name__ == "__main__":

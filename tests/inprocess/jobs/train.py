@@ -304,6 +304,7 @@ def main() -> int:
     parser.add_argument("--tree-hosts", type=int, default=0)
     parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
+    parser.add_argument("--rank-filter", type=int, default=0, help="NVRx's deprecated argument")
     args = parser.parse_args()
     if args.log_info:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -324,6 +325,9 @@ def main() -> int:
         max_repeated_faults=args.max_repeated or None,
         rank_assignment=tree(args.tree_hosts) if args.tree_hosts else None,
         store_kwargs={"port": args.store_port} if args.store_port else None,
+        rank_filter=(
+            inprocess.rank_filter.MaxActiveWorldSize(args.rank_filter) if args.rank_filter else None
+        ),
     )
     final = wrapper(job.train)()
     job.record(event="done", step=job.step, params=final)

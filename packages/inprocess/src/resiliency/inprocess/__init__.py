@@ -7,6 +7,7 @@ CPU with gloo. See docs/inprocess.md.
 from resiliency.inprocess import (
     abort,
     auto_restart,
+    completion,
     exception,
     finalize,
     health_check,
@@ -15,8 +16,10 @@ from resiliency.inprocess import (
     nested_restarter,
     progress_watchdog,
     rank_assignment,
+    rank_filter,
     state,
     store,
+    terminate,
     tools,
 )
 from resiliency.inprocess.compose import Compose
@@ -50,6 +53,7 @@ __all__ = [
     "Wrapper",
     "abort",
     "auto_restart",
+    "completion",
     "exception",
     "finalize",
     "health_check",
@@ -58,7 +62,9 @@ __all__ = [
     "nested_restarter",
     "progress_watchdog",
     "rank_assignment",
+    "rank_filter",
     "state",
     "store",
+    "terminate",
     "tools",
 ]

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import difflib
 import logging
+import warnings
 from datetime import timedelta
 from typing import Any
 
+from resiliency.inprocess.abort import Abort
+from resiliency.inprocess.completion import Completion
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import ConfigError
-from resiliency.inprocess.initialize import RetryController
+from resiliency.inprocess.finalize import Finalize
+from resiliency.inprocess.health_check import HealthCheck
+from resiliency.inprocess.initialize import Initialize, RetryController
 from resiliency.inprocess.rank_assignment import RankAssignment, Tree
+from resiliency.inprocess.rank_filter import RankFilter
+from resiliency.inprocess.terminate import Terminate
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +48,48 @@ ORDER = (
     ("progress_watchdog_interval", "soft_timeout"),
 )
 
-# Arguments of other NVRx releases that this wrapper does not have, and why.
-NOT_SUPPORTED = {
-    "rank_filter": "deprecated in NVRx 0.4 and removed here; use rank_assignment",
-    "completion": "an NVRx 0.5 callback, not in 0.4; run the code after the wrapped call returns",
-    "terminate": "an NVRx 0.5 callback, not in 0.4; catch the exception the wrapped call raises",
+STORE_KWARGS = ("host_name", "port", "timeout")
+
+# The callback arguments and the NVRx base class each must be an instance of (or None).
+CALLBACKS = {
+    "initialize": Initialize,
+    "abort": Abort,
+    "finalize": Finalize,
+    "health_check": HealthCheck,
+    "rank_filter": RankFilter,
+    "completion": Completion,
+    "terminate": Terminate,
 }
 
-STORE_KWARGS = ("host_name", "port", "timeout")
+
+def check_all(values: dict[str, Any], unknown: dict[str, Any], known: tuple[str, ...]) -> None:
+    """Check every argument of ``Wrapper``; warn for the deprecated ``rank_filter``.
+
+    Args:
+        values: the arguments by name.
+        unknown: keyword arguments ``Wrapper`` does not take.
+        known: the names it takes.
+
+    Raises:
+        ConfigError: the first wrong argument, named, with what it expects.
+    """
+    reject_unknown(unknown, known)
+    check_timedeltas(values)
+    check_store(values["store_factory"], values["store_kwargs"])
+    for name, base in CALLBACKS.items():
+        check_callback(name, values[name], base)
+    check_rank_assignment(values["rank_assignment"])
+    if not isinstance(values["enabled"], bool):
+        raise ConfigError(f"Wrapper(enabled={values['enabled']!r}): expected True or False")
+    check_path("monitor_process_logfile", values["monitor_process_logfile"])
+    check_path("monitor_process_pidfile", values["monitor_process_pidfile"])
+    if values["rank_filter"] is not None:
+        warnings.warn(  # stacklevel: the caller of Wrapper()
+            "Wrapper(rank_filter=...) is deprecated, as in NVRx 0.4: use rank_assignment "
+            "(rank_assignment.MaxActiveWorldSize, ActiveWorldSizeDivisibleBy)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
 
 def reject_unknown(unknown: dict[str, Any], known: tuple[str, ...]) -> None:
@@ -58,8 +99,6 @@ def reject_unknown(unknown: dict[str, Any], known: tuple[str, ...]) -> None:
         ConfigError: an unknown or unsupported argument was passed.
     """
     for name in unknown:
-        if name in NOT_SUPPORTED:
-            raise ConfigError(f"Wrapper({name}=...) is not supported: {NOT_SUPPORTED[name]}")
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"Wrapper() got an unknown argument {name!r}{hint}")

@@ -1,12 +1,13 @@
-"""NVRx's nested-restarter callbacks, for code written against NVRx 0.4.
+"""NVRx's nested-restarter callbacks, for code written against NVRx 0.4 and 0.5.
 
 NVRx's own launcher learns that a job restarts in-process from log lines its Wrapper callbacks
 write on one rank (``[NestedRestarter] name=[InProcess] state=... stage=...``), so that it does
 not restart the job itself meanwhile. ``ft-launcher`` needs no such lines: its agent watches the
 workers' processes, and a worker that stays alive is never restarted by it. These classes keep an
-NVRx script's ``initialize=`` and ``abort=`` arguments working unchanged and write the same
-lines, at INFO, through ``logging`` (``resiliency.inprocess.nested_restarter``, or the logger a
-``NestedRestarterLogger`` names), for log tooling that reads them.
+NVRx script's ``initialize=``, ``abort=``, ``completion=`` and ``terminate=`` arguments working
+unchanged and write the same lines, at INFO, through ``logging``
+(``resiliency.inprocess.nested_restarter``, or the logger a ``NestedRestarterLogger`` names),
+for log tooling that reads them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from __future__ import annotations
 import logging
 
 from resiliency.inprocess.abort import Abort
+from resiliency.inprocess.completion import Completion
 from resiliency.inprocess.initialize import Initialize
 from resiliency.inprocess.state import FrozenState
+from resiliency.inprocess.terminate import Terminate
 
 __all__ = [
+    "NestedRestarterAborted",
     "NestedRestarterCallback",
+    "NestedRestarterFinalized",
     "NestedRestarterHandlingCompleted",
     "NestedRestarterHandlingStarting",
     "NestedRestarterLogger",
@@ -106,6 +111,28 @@ class NestedRestarterHandlingStarting(Abort, NestedRestarterCallback):
 
     def __init__(self, special_rank: int = 0) -> None:
         NestedRestarterCallback.__init__(self, "handling", "starting", None, special_rank)
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        """Write the line."""
+        return NestedRestarterCallback.__call__(self, state)
+
+
+class NestedRestarterFinalized(Completion, NestedRestarterCallback):
+    """A ``completion`` (NVRx 0.5): ``state=finalized`` once the job completed."""
+
+    def __init__(self, special_rank: int = 0) -> None:
+        NestedRestarterCallback.__init__(self, "finalized", None, None, special_rank)
+
+    def __call__(self, state: FrozenState) -> FrozenState:
+        """Write the line."""
+        return NestedRestarterCallback.__call__(self, state)
+
+
+class NestedRestarterAborted(Terminate, NestedRestarterCallback):
+    """A ``terminate`` (NVRx 0.5): ``state=aborted`` when the rank leaves the job."""
+
+    def __init__(self, special_rank: int = 0) -> None:
+        NestedRestarterCallback.__init__(self, "aborted", None, None, special_rank)
 
     def __call__(self, state: FrozenState) -> FrozenState:
         """Write the line."""

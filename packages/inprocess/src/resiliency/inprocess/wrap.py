@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 import typing
@@ -26,6 +27,7 @@ from resiliency.inprocess import (
     _after_fault,
     _arguments,
     _barriers,
+    _endings,
     _gloo_sockets,
     _log_check,
     _rejoin,
@@ -44,9 +46,9 @@ from resiliency.inprocess._restart_report import RestartTimes, report_restart
 from resiliency.inprocess._restart_store import RestartStore, open_store
 from resiliency.inprocess._unabortable import respawn_request_path
 from resiliency.inprocess.abort import Abort, AbortTorchDistributed, set_socket_baseline
+from resiliency.inprocess.completion import Completion
 from resiliency.inprocess.compose import Compose
 from resiliency.inprocess.exception import (
-    ConfigError,
     RankShouldRestart,
     RepeatedFaultError,
     RestartAbort,
@@ -68,7 +70,9 @@ from resiliency.inprocess.rank_assignment import (
     RankDiscarded,
     ShiftRanks,
 )
+from resiliency.inprocess.rank_filter import RankFilter
 from resiliency.inprocess.state import Mode, State
+from resiliency.inprocess.terminate import Terminate
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,9 @@ class Wrapper:
         health_check: after the abort; raising takes the rank out of the job. With
             ``LOCAL_RANK`` set, ``restart_health_check`` runs it and then this rank's GPU checks.
         rank_assignment: reassigns ranks after a fault (default: shift ranks down, all active).
+        rank_filter: deprecated (as in NVRx; a ``DeprecationWarning``): a
+            ``rank_filter.RankFilter`` run on the state after ``rank_assignment``, every
+            iteration, to choose the active ranks.
         monitor_thread_interval: how often the monitor thread looks for faults.
         monitor_process_interval: how often the monitor process checks that the rank's Python
             threads run (it ends a rank whose main thread holds the GIL past ``hard_timeout``).
@@ -110,6 +117,9 @@ class Wrapper:
         monitor_process_logfile: the monitor process's log (``{rank}`` replaced); None: stderr.
         monitor_process_pidfile: the monitor process's pid file (``{rank}`` replaced), or None.
         enabled: False returns the function unwrapped.
+        completion: run on every remaining rank once the function completed (NVRx 0.5).
+        terminate: run on a rank whose call ends with an exception instead of a restart
+            (NVRx 0.5).
         max_repeated_faults: stop (``RepeatedFaultError`` on every rank) when this many
             attempts in a row fail with the same cause on the same ranks and no progress
             (``ping()``, a completed ``atomic()``) in between; None or 0: never. ``"auto"``: 3,
@@ -129,6 +139,7 @@ class Wrapper:
         finalize: Finalize | None = None,
         health_check: HealthCheck | None = None,
         rank_assignment: RankAssignment | None = None,
+        rank_filter: RankFilter | None = None,
         monitor_thread_interval: timedelta = timedelta(seconds=1),
         monitor_process_interval: timedelta = timedelta(seconds=1),
         heartbeat_interval: timedelta = timedelta(seconds=1),
@@ -143,22 +154,13 @@ class Wrapper:
         monitor_process_logfile: str | None = None,
         monitor_process_pidfile: str | None = None,
         enabled: bool = True,
+        completion: Completion | None = None,
+        terminate: Terminate | None = None,
         max_repeated_faults: int | Literal["auto"] | None = "auto",
         **unknown: Any,
     ) -> None:
         values = dict(locals())
-        _arguments.reject_unknown(unknown, tuple(inspect.signature(Wrapper).parameters))
-        _arguments.check_timedeltas(values)
-        _arguments.check_store(store_factory, store_kwargs)
-        _arguments.check_callback("initialize", initialize, Initialize)
-        _arguments.check_callback("abort", abort, Abort)
-        _arguments.check_callback("finalize", finalize, Finalize)
-        _arguments.check_callback("health_check", health_check, HealthCheck)
-        _arguments.check_rank_assignment(rank_assignment)
-        if not isinstance(enabled, bool):
-            raise ConfigError(f"Wrapper(enabled={enabled!r}): expected True or False")
-        _arguments.check_path("monitor_process_logfile", monitor_process_logfile)
-        _arguments.check_path("monitor_process_pidfile", monitor_process_pidfile)
+        _arguments.check_all(values, unknown, tuple(inspect.signature(Wrapper).parameters))
         self.store_factory = store_factory
         self.store_kwargs = dict(store_kwargs or {})
         self.initialize = initialize
@@ -171,6 +173,9 @@ class Wrapper:
         parts = [c for c in (*users, *gpu_checks) if c is not None]
         self.restart_health_check = Compose(*parts) if gpu_checks else health_check
         self.rank_assignment = rank_assignment or Compose(ActivateAllRanks(), ShiftRanks())
+        self.rank_filter = rank_filter
+        self.completion = completion
+        self.terminate = terminate
         self.timeouts = {name: values[name].total_seconds() for name in _arguments.TIMEDELTAS}
         self.enabled = enabled
         self.max_repeated_faults = _arguments.repeat_limit(max_repeated_faults, initialize)
@@ -199,12 +204,8 @@ class CallWrapper:
     """
 
     def __init__(self, wrapper: Wrapper) -> None:
-        if dist.is_available() and dist.is_initialized():
-            raise ConfigError(
-                "torch.distributed is already initialized when the wrapped function is called "
-                "(it needs `not torch.distributed.is_initialized()`, as NVRx's does): call "
-                "init_process_group inside the wrapped function, so a restart can re-create it"
-            )
+        _torch_compat.require_no_process_group()
+        self._excepthook = sys.excepthook  # as it was before any iteration's process group
         self.wrapper = wrapper
         self.state = State.from_env()
         self.timeouts = wrapper.timeouts
@@ -330,21 +331,33 @@ class CallWrapper:
         for name in params_annotated(fn, CallWrapper):
             if kwargs.get(name) is None:
                 kwargs[name] = self
-        if self._joining is not None:
-            self._members = _rejoin.take_place(self.store, self.state, self._joining)
-            now = time.monotonic()
-            self._meet(self._joining, None, RestartTimes(now, now, now, now, now))
-            _rejoin.announce()
-        else:
-            self.state = self.wrapper.rank_assignment(
-                RankAssignmentCtx(self.state, self._raw_store, set())
-            ).state
-            self.state.set_distributed_vars()
-        while True:
-            exc, ret = self._run_iteration(fn, args, kwargs)
-            if exc is None:
-                return ret
-            self._restart(exc)
+        try:
+            if self._joining is not None:
+                self._members = _rejoin.take_place(self.store, self.state, self._joining)
+                now = time.monotonic()
+                self._meet(self._joining, None, RestartTimes(now, now, now, now, now))
+                _rejoin.announce()
+            else:
+                self._assign(set())
+                self.state.set_distributed_vars()
+            while True:
+                exc, ret = self._run_iteration(fn, args, kwargs)
+                if exc is None:
+                    break
+                self._restart(exc)
+        except BaseException as ending:
+            _endings.terminated(self.wrapper.terminate, self.state, ending)
+            raise
+        _endings.completed(self.wrapper.completion, self.state)
+        return ret
+
+    def _assign(self, terminated: set[int]) -> None:
+        """Reassign ranks (``rank_assignment``, then the deprecated ``rank_filter``)."""
+        ctx = RankAssignmentCtx(self.state, self._raw_store, terminated)
+        state = self.wrapper.rank_assignment(ctx).state
+        if self.wrapper.rank_filter is not None:
+            state = self.wrapper.rank_filter(state)
+        self.state = state
 
     def _run_iteration(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -355,8 +368,7 @@ class CallWrapper:
         peers = [r for r in self._members if r != state.initial_rank]
         self.progress.reset()
         self._marks = 0
-        # Whatever the abort callback did, the new groups must be named alike on every rank.
-        _torch_compat.reset_group_names()
+        _torch_compat.fresh_iteration(self._excepthook)
         set_socket_baseline(_gloo_sockets.snapshot(), self._store_ports)
         monitor = Monitor(
             store=store,
@@ -474,10 +486,8 @@ class CallWrapper:
         lost = [r for r in self._members if r not in survivors]
         ranks_then = [store.rank_in(it, r) for r in lost]  # numbered as in iteration ``it``
         terminated_now = {r for r in ranks_then if r is not None}
-        ctx = self.wrapper.rank_assignment(
-            RankAssignmentCtx(state, self._raw_store, terminated_now)
-        )
-        self.state = state = ctx.state
+        self._assign(terminated_now)
+        state = self.state
         state.advance()
         state.set_distributed_vars()
         members, self._members = self._members, survivors

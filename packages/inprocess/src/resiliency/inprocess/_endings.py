@@ -1,0 +1,55 @@
+"""How a wrapped call ends on a rank: NVRx 0.5's ``completion`` and ``terminate`` callbacks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from resiliency.inprocess.state import State
+
+log = logging.getLogger(__name__)
+
+
+def completed(callback: Callable[..., Any] | None, state: State) -> None:
+    """Run ``completion`` after the function completed on every active rank.
+
+    Its failure is logged, not raised: the training itself is done and its value returns.
+    """
+    if callback is None:
+        return
+    try:
+        callback(state.freeze())
+    except Exception:
+        log.exception(
+            "rank %d: iteration %d: the completion callback failed (the wrapped call still "
+            "returns its value)",
+            state.rank,
+            state.iteration,
+        )
+
+
+def terminated(callback: Callable[..., Any] | None, state: State, cause: BaseException) -> None:
+    """Run ``terminate`` on a rank whose wrapped call ends with ``cause``.
+
+    Raises:
+        Exception: the callback's own failure, chained to ``cause`` (as in NVRx).
+    """
+    if callback is None:
+        return
+    log.info(
+        "rank %d: iteration %d: terminating (%s); running the terminate callback",
+        state.rank,
+        state.iteration,
+        type(cause).__name__,
+    )
+    try:
+        callback(state.freeze())
+    except Exception as failure:
+        log.error(
+            "rank %d: the terminate callback failed: %s: %s",
+            state.rank,
+            type(failure).__name__,
+            failure,
+        )
+        raise failure from cause
