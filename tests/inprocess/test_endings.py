@@ -43,9 +43,7 @@ def test_completion_runs_once_after_the_restarted_call_returned(one_rank: dist.H
     completed, terminated = Completed(), Terminated()
     calls: list[int] = []
 
-    @inprocess.Wrapper(
-        store_factory=lambda: one_rank, completion=completed, terminate=terminated
-    )
+    @inprocess.Wrapper(store_factory=lambda: one_rank, completion=completed, terminate=terminated)
     def train(call_wrapper: inprocess.CallWrapper | None = None) -> str:
         assert call_wrapper is not None
         calls.append(call_wrapper.iteration)
@@ -74,9 +72,7 @@ def test_a_failing_completion_is_logged_and_the_value_still_returned(
 def test_terminate_runs_once_when_the_stop_rule_ends_the_call(one_rank: dist.HashStore) -> None:
     completed, terminated = Completed(), Terminated()
 
-    @inprocess.Wrapper(
-        store_factory=lambda: one_rank, completion=completed, terminate=terminated
-    )
+    @inprocess.Wrapper(store_factory=lambda: one_rank, completion=completed, terminate=terminated)
     def train() -> None:
         raise ValueError("the same fault, every call")
 
