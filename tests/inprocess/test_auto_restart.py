@@ -1,4 +1,5 @@
-"""inprocess.auto_restart (NVRx's monitor_and_restart) with real forks, signals and exits."""
+"""inprocess.auto_restart (NVRx's monitor_and_restart) with real forks, signals and exits, and
+under plain torchrun: a SIGKILLed rank's replacement joins the running job and is healed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from inprocess_harness import FAULT_STEP, NPROC, Torchrun
 from zygote_client import start_python
 
 JOB = Path(__file__).with_name("jobs") / "auto_restart_job.py"
@@ -44,3 +46,34 @@ def test_a_failed_child_is_forked_again_until_one_exits_0(tmp_path: Path) -> Non
         f"child run 3 (pid {third})",
     ):
         assert line in out, out
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_sigkilled_rank_is_forked_again_joins_and_is_healed(
+    torchrun: Torchrun,
+) -> None:
+    # Rank 2's child SIGKILLs itself at step 5. Its supervisor (the process torchrun started)
+    # forks a replacement 0.2 s later; the other ranks keep their processes and wait for it at
+    # the restart barrier; it joins as rank 2, is healed from a peer, and no step is lost.
+    run = torchrun.run(
+        *("--heal", "--momentum", "0.9", "--kill", f"2@{FAULT_STEP}", "--auto-restart", "0.2")
+    )
+    assert run.returncode == 0, run.output[-8000:]  # torchrun saw no worker fail
+    first = {s["rank"]: s for s in run.starts(0)}
+    again = {s["rank"]: s for s in run.starts(1)}
+    assert sorted(first) == sorted(again) == list(range(NPROC)), run.output[-6000:]
+    assert not run.starts(2), "one fault is one restart"
+    assert f"Child {first[2]['pid']} exited with signal 9" in run.output, run.output[-6000:]
+    for rank in (0, 1, 3):
+        assert again[rank]["pid"] == first[rank]["pid"], f"rank {rank} was restarted"
+    assert again[2]["pid"] != first[2]["pid"]
+    assert f"Launched child {again[2]['pid']}" in run.output
+    assert "joining the running job" in run.output
+    assert {s["step"] for s in again.values()} == {FAULT_STEP}, "a step was lost"
+    assert all(s["params"] == again[0]["params"] for s in again.values())
+    heals = {r["rank"]: r for r in run.records if r["event"] == "heal" and r["iteration"] == 1}
+    assert heals[2]["healed"] and heals[2]["source"] in (0, 1, 3)
+    assert heals[2]["previous_step"] == 0  # a new process: its own initial state, healed
+    assert all(h["lost_steps"] == 0 for h in heals.values())
+    finals = [r["params"] for r in run.records if r["event"] == "done"]
+    assert len(finals) == NPROC and all(f == finals[0] for f in finals)

@@ -50,6 +50,9 @@ most one active rank per host, the others spares (NVRx's ``Tree``/``Layer``/``La
 ``--store-port P``: ``store_kwargs={"port": P}``: rank 0 hosts the Wrapper's store there (even
 under ft-launcher --ft-inprocess-respawn, whose launcher otherwise hosts it).
 
+``--auto-restart DELAY``: ``inprocess.auto_restart.monitor_and_restart(DELAY)`` first: the
+process torchrun started only supervises a forked child, which runs the job and is forked again
+when it dies (a replacement joins the running job).
 ``--backend nccl`` trains on the GPU of the rank's local rank, over NCCL (the GPU tests).
 """
 
@@ -305,7 +308,10 @@ def main() -> int:
     parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     parser.add_argument("--rank-filter", type=int, default=0, help="NVRx's deprecated argument")
+    parser.add_argument("--auto-restart", type=float, default=None, help="restart_delay")
     args = parser.parse_args()
+    if args.auto_restart is not None:
+        inprocess.auto_restart.monitor_and_restart(restart_delay=args.auto_restart)
     if args.log_info:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     if os.environ.get(REJOIN_FILE_ENV):

@@ -5,9 +5,10 @@ tests/integration/test_contracts.py holds the two against each other.
 
 from __future__ import annotations
 
-#: Set only in the environment of a worker the launcher respawned alone: the Wrapper joins the
-#: running job's restart barrier instead of starting a new job, and once it has passed it as a
-#: member, writes its pid to this file (how the launcher knows the respawned rank joined).
+#: Set only in the environment of a worker the launcher respawned alone (or of a replacement that
+#: ``auto_restart.monitor_and_restart`` forked): the Wrapper joins the running job's restart
+#: barrier instead of starting a new job, and once it has passed it as a member, writes its pid
+#: to this file (how the launcher knows the respawned rank joined).
 REJOIN_FILE_ENV = "RESILIENCY_INPROCESS_REJOIN_FILE"
 
 #: Set in every worker's environment under ``--ft-inprocess-respawn``: a directory where a

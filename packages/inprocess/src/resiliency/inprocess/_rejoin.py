@@ -1,7 +1,8 @@
-"""A respawned process joins the running job (``ft-launcher --ft-inprocess-respawn``).
+"""A respawned process joins the running job (``ft-launcher --ft-inprocess-respawn``, or a
+replacement forked by ``auto_restart.monitor_and_restart``).
 
-The launcher respawns a dead rank alone, with its old rank and environment plus
-``REJOIN_FILE_ENV``. Its Wrapper does not start a new job: it reads the job's newest iteration
+The launcher (or the supervisor) respawns a dead rank alone, with its old rank and environment
+plus ``REJOIN_FILE_ENV``. Its Wrapper does not start a new job: it reads the job's newest iteration
 from the store, takes the place its dead predecessor had there (the members, its rank), reports
 a ``respawn`` fault in that iteration (so every survivor restarts, even one that had not yet
 noticed the death) and enters that iteration's restart barrier like any survivor. After the
@@ -65,7 +66,7 @@ def take_place(store: RestartStore, state: State, iteration: int) -> list[int]:
         me,
         {
             "kind": "respawn",
-            "reason": f"its process died and the launcher respawned it as pid {os.getpid()}",
+            "reason": f"its process died and was respawned as pid {os.getpid()}",
         },
     )
     log.warning(

@@ -5,9 +5,15 @@ Call it first thing in a training script. It returns in a forked child, which ru
 the script; the original process stays behind as a bare supervisor that waits for the child.
 A child that exits 0 ends the supervisor with status 0; one that fails (an exit status, a
 signal: SIGKILL, a segfault, the OOM killer) is forked again after ``restart_delay`` seconds,
-and the new child runs the script from the call on. Under in-process restart the new child
-rejoins the job as a respawned rank would. Use it where no launcher respawns a dead process
-for you (``ft-launcher --ft-inprocess-respawn`` does, for one rank alone and without a delay).
+and the new child runs the script from the call on. Every child after the first replaces a
+dead one: its Wrapper joins the running job at its restart barrier, takes its predecessor's
+rank and is healed like a rank ``ft-launcher --ft-inprocess-respawn`` respawned, while the
+other ranks keep their processes. So under plain ``torchrun`` a SIGKILLed rank no longer ends
+the job: torchrun sees only the supervisor, which stays alive. The replacement must reach the
+job within the Wrapper's ``heartbeat_timeout`` (``restart_delay`` plus its start), or the others
+go on without it. Rank 0 is the exception with the default store, which rank 0's process hosts:
+its death takes the store with it (``ft-launcher --ft-inprocess-respawn`` hosts the store in
+the launcher, and respawns without a delay).
 
 The supervisor writes its lines to stderr itself, not through ``logging``: it must speak
 whatever the script's logging configuration is (it runs before it), and NVRx's users read
@@ -16,10 +22,15 @@ these exact lines.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+from resiliency.inprocess._launcher_contract import REJOIN_FILE_ENV
 
 __all__ = ["monitor_and_restart"]
 
@@ -34,29 +45,33 @@ def monitor_and_restart(restart_delay: float = 5.0) -> None:
     or wait.
     """
     _say("Starting self-monitoring mode")
+    joined = Path(tempfile.gettempdir()) / f"resiliency-auto-restart-{os.getpid()}.joined"
     while True:
         try:
             child = os.fork()
         except OSError as exc:
             _say(f"fork: {exc}")
-            os._exit(1)
+            _exit(1, joined)
         if child == 0:
             return
         _say(f"Launched child {child}")
-        status = _wait_for(child)
+        status = _wait_for(child, joined)
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
             _say(f"Child {child} exited with status {code}")
             if code == 0:
-                os._exit(0)
+                _exit(0, joined)
         elif os.WIFSIGNALED(status):
             _say(f"Child {child} exited with signal {os.WTERMSIG(status)}")
         else:
             _say(f"Child {child} exited abnormally ({status:x})")
         time.sleep(restart_delay)
+        # The next child replaces a dead one: a Wrapper in it joins the running job (and writes
+        # its pid to the file once it has joined, as for ft-launcher).
+        os.environ[REJOIN_FILE_ENV] = str(joined)
 
 
-def _wait_for(child: int) -> int:
+def _wait_for(child: int, joined: Path) -> int:
     """The child's wait status; exits the supervisor if it cannot be waited for."""
     while True:
         try:
@@ -65,7 +80,14 @@ def _wait_for(child: int) -> int:
             if exc.errno == errno.EINTR:  # a signal to the supervisor: wait on
                 continue
             _say(f"waitpid: {exc}")
-            os._exit(1)
+            _exit(1, joined)
+
+
+def _exit(code: int, joined: Path) -> None:
+    """End the supervisor, removing the file a replacement wrote when it joined."""
+    with contextlib.suppress(FileNotFoundError):
+        joined.unlink()
+    os._exit(code)
 
 
 def _say(line: str) -> None:
