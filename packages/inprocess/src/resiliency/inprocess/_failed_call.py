@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import gc
-import time
 import traceback
 
 import torch.distributed as dist
-
-# Seconds the main thread sleeps (GIL released) before freeing a failed call's objects.
-_DRAIN_S = 0.05
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -44,18 +40,15 @@ class Fence:
             gc.unfreeze()
 
 
-def release(exc: BaseException, fence: Fence, aborted_at: float) -> None:
+def release(exc: BaseException, fence: Fence) -> None:
     """Free what the failed call's frames hold (its DDP model, its process group).
 
-    Not earlier than the restart barrier, and not within ``_DRAIN_S`` of the abort
-    (``aborted_at``, monotonic): gloo's worker threads finish the aborted work and then need
-    the GIL; a process group destroyed while one of them does deadlocks (torch 2.13: its
-    destructor joins the thread with the GIL held). A barrier that took that long (waiting for
-    a respawned rank) has already given them the time; one that all ranks passed at once is
-    topped up with a short sleep. The collection runs while ``fence`` is closed: it scans the
-    call's objects only.
+    Right after the abort is safe: a gloo group's destructor joins its worker threads, which
+    may still be finishing the aborted work and need the GIL for it, but torch destroys a
+    ``ProcessGroup`` with the GIL released (its pybind holder, ``IntrusivePtrNoGilDestructor``:
+    seen in the native stack of a destructor waiting on a worker, torch 2.13). The collection
+    runs while ``fence`` is closed: it scans the call's objects only.
     """
-    time.sleep(max(0.0, aborted_at + _DRAIN_S - time.monotonic()))
     traceback.clear_frames(exc.__traceback__)
     exc.__traceback__ = None  # the frames' own references to each other
     try:
@@ -66,28 +59,22 @@ def release(exc: BaseException, fence: Fence, aborted_at: float) -> None:
 
 
 class PendingRelease:
-    """A failed call's :func:`release`, run as early as it may: while the restart barrier
-    waits (for a respawned rank, say) once the drain after the abort is over, else right
-    after the barrier. Either way it runs once.
+    """A failed call's :func:`release`, run once, as early as it may: while the restart
+    barrier waits for a member (a respawned rank, say), else right after the barrier. Not
+    before this rank arrived there: a destructor that waits on a gloo worker must not keep the
+    others from seeing it arrive.
 
     Args:
         exc: the failed call's exception.
         fence: the fence closed before the call.
-        aborted_at: when the abort ended (monotonic).
     """
 
-    def __init__(self, exc: BaseException, fence: Fence, aborted_at: float) -> None:
+    def __init__(self, exc: BaseException, fence: Fence) -> None:
         self._exc: BaseException | None = exc
         self._fence = fence
-        self._aborted_at = aborted_at
-
-    def if_drained(self) -> None:
-        """Release now if the drain is over (called from the barrier's wait)."""
-        if time.monotonic() >= self._aborted_at + _DRAIN_S:
-            self.now()
 
     def now(self) -> None:
-        """Release now (after a sleep for what is left of the drain), unless done already."""
+        """Release now, unless done already."""
         exc, self._exc = self._exc, None
         if exc is not None:
-            release(exc, self._fence, self._aborted_at)
+            release(exc, self._fence)
