@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from resiliency.inprocess._decision_watch import DecisionWatch
 from resiliency.inprocess._liveness import Liveness
 from resiliency.inprocess._restart_store import RestartStore
 from resiliency.inprocess.exception import RankShouldRestart, TimeoutError
@@ -18,8 +19,13 @@ log = logging.getLogger(__name__)
 POLL = 0.02  # seconds between store polls: ~15 us per round trip on loopback
 
 
-def wait_until(done: Callable[[], bool], deadline_s: float, what: Callable[[], str]) -> None:
-    """Poll ``done`` until it is true.
+def wait_until(
+    done: Callable[[], bool],
+    deadline_s: float,
+    what: Callable[[], str],
+    pause: Callable[[float], None] = time.sleep,
+) -> None:
+    """Poll ``done`` until it is true, with ``pause(POLL)`` between looks.
 
     Raises:
         TimeoutError: ``deadline_s`` passed; the message says ``what()`` was awaited.
@@ -28,7 +34,7 @@ def wait_until(done: Callable[[], bool], deadline_s: float, what: Callable[[], s
     while not done():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what()} (waited {deadline_s:g} s)")
-        time.sleep(POLL)
+        pause(POLL)
 
 
 def start_barrier(store: RestartStore, rank: int, world_size: int, timeout: float) -> None:
@@ -62,10 +68,19 @@ def restart_barrier(
     continues with the same set. ``while_waiting`` is called at each look that finds a member
     still missing (work that may be done meanwhile).
 
+    A rank that has to wait is woken by a ``DecisionWatch`` when the survivors are decided.
+
     Raises:
         TimeoutError: a member neither arrived nor was reported gone within ``timeout``.
     """
     store.arrive(iteration, me)
+    watch: DecisionWatch | None = None
+
+    def pause(seconds: float) -> None:
+        nonlocal watch
+        if watch is None:  # only a rank that waits: the last to arrive never does
+            watch = DecisionWatch(store.store, store.decided_key(iteration), timeout)
+        watch.pause(seconds)
 
     def everyone_accounted() -> bool:
         gone = store.terminated()
@@ -83,7 +98,7 @@ def restart_barrier(
             "neither arrived nor were reported gone (barrier_timeout); look at their logs"
         )
 
-    wait_until(everyone_accounted, timeout, missing)
+    wait_until(everyone_accounted, timeout, missing, pause)
     survivors = sorted(store.arrived(iteration) - store.terminated())
     return store.decide(iteration, survivors)
 

@@ -125,9 +125,14 @@ class RestartStore:
         """Initial ranks at the restart barrier of ``iteration``."""
         return set(self._list(f"{iteration}/arrived"))
 
+    @staticmethod
+    def decided_key(iteration: int) -> str:
+        """The key ``decide`` writes for ``iteration`` (what a waiting rank watches for)."""
+        return f"{iteration}/decided"
+
     def decide(self, iteration: int, survivors: list[int]) -> list[int]:
         """Propose the survivors of ``iteration``; return the value every rank agrees on."""
-        key = f"{iteration}/decided"
+        key = self.decided_key(iteration)
         proposal = ",".join(str(r) for r in sorted(survivors))
         agreed = self.store.compare_set(key, "", proposal)
         return _int_list(agreed)
@@ -150,7 +155,7 @@ class RestartStore:
 
     def decided(self, iteration: int) -> list[int] | None:
         """The agreed survivors of ``iteration``'s restart barrier (None while undecided)."""
-        key = f"{iteration}/decided"
+        key = self.decided_key(iteration)
         return _int_list(self.store.get(key)) if self.store.check([key]) else None
 
     def add_progress(self, iteration: int, marks: int) -> None:
