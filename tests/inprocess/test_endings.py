@@ -15,28 +15,26 @@ from resiliency.inprocess.exception import RepeatedFaultError
 from resiliency.inprocess.state import FrozenState, Mode, State
 
 
-class Completed(inprocess.completion.Completion):
-    def __init__(self, fail: bool = False) -> None:
+class _Recording:
+    """A callback that records every state it is called with, and may then fail."""
+
+    def __init__(self, failure: Exception | None = None) -> None:
         self.seen: list[FrozenState] = []
-        self.fail = fail
+        self.failure = failure
 
     def __call__(self, state: FrozenState) -> FrozenState:
         self.seen.append(state)
-        if self.fail:
-            raise OSError("the completion marker's disk is full")
+        if self.failure is not None:
+            raise self.failure
         return state
 
 
-class Terminated(inprocess.terminate.Terminate):
-    def __init__(self, fail: bool = False) -> None:
-        self.seen: list[FrozenState] = []
-        self.fail = fail
+class Completed(_Recording, inprocess.completion.Completion):
+    pass
 
-    def __call__(self, state: FrozenState) -> FrozenState:
-        self.seen.append(state)
-        if self.fail:
-            raise ConnectionError("the job scheduler could not be told")
-        return state
+
+class Terminated(_Recording, inprocess.terminate.Terminate):
+    pass
 
 
 def test_completion_runs_once_after_the_restarted_call_returned(one_rank: dist.HashStore) -> None:
@@ -60,7 +58,7 @@ def test_completion_runs_once_after_the_restarted_call_returned(one_rank: dist.H
 def test_a_failing_completion_is_logged_and_the_value_still_returned(
     one_rank: dist.HashStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    completed = Completed(fail=True)
+    completed = Completed(OSError("the completion marker's disk is full"))
     wrapped = inprocess.Wrapper(store_factory=lambda: one_rank, completion=completed)(lambda: 7)
     with caplog.at_level(logging.ERROR, logger="resiliency.inprocess"):
         assert wrapped() == 7
@@ -85,7 +83,7 @@ def test_terminate_runs_once_when_the_stop_rule_ends_the_call(one_rank: dist.Has
 def test_a_failing_terminate_is_raised_chained_to_what_ended_the_call(
     one_rank: dist.HashStore,
 ) -> None:
-    terminated = Terminated(fail=True)
+    terminated = Terminated(ConnectionError("the job scheduler could not be told"))
 
     @inprocess.Wrapper(store_factory=lambda: one_rank, terminate=terminated)
     def train() -> None:
