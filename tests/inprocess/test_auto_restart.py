@@ -77,3 +77,26 @@ def test_under_torchrun_a_sigkilled_rank_is_forked_again_joins_and_is_healed(
     assert all(h["lost_steps"] == 0 for h in heals.values())
     finals = [r["params"] for r in run.records if r["event"] == "done"]
     assert len(finals) == NPROC and all(f == finals[0] for f in finals)
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_replacement_the_job_no_longer_takes_is_not_forked_again(
+    torchrun: Torchrun,
+) -> None:
+    # The others declare rank 2 gone after 3 s without its heartbeat and go on as 3 ranks; its
+    # replacement comes 5 s after the kill, is refused, and its supervisor stops there (NVRx's
+    # would fork a new child every 5 s for as long as torchrun waits).
+    run = torchrun.run(
+        *("--kill", f"2@{FAULT_STEP}", "--auto-restart", "5", "--heartbeat-timeout", "3"),
+        *("--steps", "400", "--step-time", "0.05"),
+    )
+    assert run.returncode != 0, run.output[-6000:]  # torchrun ends the job: a worker failed
+    refusal = re.search(
+        r"Child (\d+) could not rejoin the job \((.*)\); not forking again", run.output
+    )
+    assert refusal, run.output[-8000:]
+    assert "RankDiscarded: initial rank 2 was respawned" in refusal.group(2)
+    assert "declared it gone" in refusal.group(2)
+    replacements = [s for s in run.records if s["event"] == "start" and s["rank"] == 2]
+    assert len({s["pid"] for s in replacements}) == 1, "the refused replacement never trained"
+    assert run.output.count(f"Launched child {refusal.group(1)}") == 1

@@ -93,8 +93,10 @@ def test_a_fault_that_repeats_ends_the_job_through_the_terminate_callback(tmp_pa
         *("--fault", f"{FAULT_RANK}@5"),
         launcher=FtLauncher,
     )
-    assert run.returncode != 0
-    assert "RepeatedFaultError: the same fault ended 3 attempts in a row" in run.output
+    assert run.returncode != 0, run.output[-8000:]
+    assert "RepeatedFaultError: the same fault ended 3 attempts in a row" in run.output, run.output[
+        -8000:
+    ]
     states = _nested_lines(run)
     assert states[-1] == "state=aborted" and "state=finalized" not in states, states
     # torch's excepthook prefixes a traceback's lines once, with the current rank: not once per

@@ -309,6 +309,7 @@ def main() -> int:
     parser.add_argument("--log-info", action="store_true", help="log the wrapper's INFO lines")
     parser.add_argument("--rank-filter", type=int, default=0, help="NVRx's deprecated argument")
     parser.add_argument("--auto-restart", type=float, default=None, help="restart_delay")
+    parser.add_argument("--heartbeat-timeout", type=float, default=20.0)
     args = parser.parse_args()
     if args.auto_restart is not None:
         inprocess.auto_restart.monitor_and_restart(restart_delay=args.auto_restart)
@@ -322,7 +323,7 @@ def main() -> int:
         health_check=Unhealthy(set(args.unhealthy)),
         monitor_thread_interval=timedelta(seconds=0.2),
         heartbeat_interval=timedelta(seconds=0.5),
-        heartbeat_timeout=timedelta(seconds=20),
+        heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout),
         soft_timeout=timedelta(seconds=args.soft),
         hard_timeout=timedelta(seconds=args.hard),
         barrier_timeout=timedelta(seconds=args.hard + 60),

@@ -1,4 +1,5 @@
-"""How a wrapped call ends on a rank: NVRx 0.5's ``completion`` and ``terminate`` callbacks."""
+"""How a wrapped call ends on a rank: NVRx 0.5's ``completion`` and ``terminate`` callbacks, and
+a respawned process that could not join telling its supervisor so."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from resiliency.inprocess import _rejoin
 from resiliency.inprocess.state import State
 
 log = logging.getLogger(__name__)
@@ -30,11 +32,13 @@ def completed(callback: Callable[..., Any] | None, state: State) -> None:
 
 
 def terminated(callback: Callable[..., Any] | None, state: State, cause: BaseException) -> None:
-    """Run ``terminate`` on a rank whose wrapped call ends with ``cause``.
+    """Run ``terminate`` on a rank whose wrapped call ends with ``cause`` (and, for a respawned
+    process that had not joined the job yet, record that it was refused).
 
     Raises:
         Exception: the callback's own failure, chained to ``cause`` (as in NVRx).
     """
+    _rejoin.refuse(cause)
     if callback is None:
         return
     log.info(

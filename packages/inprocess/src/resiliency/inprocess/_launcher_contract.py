@@ -23,3 +23,9 @@ UNABORTABLE_FILE = "unabortable-{pid}"
 #: launcher of node 0 hosts at ``MASTER_ADDR`` for the Wrapper (its default store connects there
 #: instead of rank 0 hosting one at ``MASTER_PORT + 1``), so the store outlives every rank.
 STORE_PORT_ENV = "RESILIENCY_INPROCESS_STORE_PORT"
+#: A respawned process whose Wrapper could not join the running job (its rank was declared gone,
+#: the job's store is unreachable, the job has ended) writes the reason to the rejoin file's
+#: path plus this suffix before its exception propagates. ``auto_restart.monitor_and_restart``
+#: then stops forking replacements: the next one would be refused the same way. (ft-launcher
+#: judges such a worker by its exit, and falls back to a full restart.)
+REFUSED_SUFFIX = ".refused"

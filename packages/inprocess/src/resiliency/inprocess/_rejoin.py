@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from resiliency.inprocess._launcher_contract import REJOIN_FILE_ENV
+from resiliency.inprocess._launcher_contract import REFUSED_SUFFIX, REJOIN_FILE_ENV
 from resiliency.inprocess._restart_store import RestartStore
 from resiliency.inprocess.rank_assignment import RankDiscarded
 from resiliency.inprocess.state import Mode, State
@@ -79,6 +79,18 @@ def take_place(store: RestartStore, state: State, iteration: int) -> list[int]:
         members,
     )
     return members
+
+
+def refuse(exc: BaseException) -> None:
+    """If this is a respawned process that has not joined yet, record why it could not."""
+    path = os.environ.get(REJOIN_FILE_ENV)
+    if not path:
+        return
+    refused = Path(path + REFUSED_SUFFIX)
+    try:
+        refused.write_text(f"{type(exc).__name__}: {exc}")
+    except OSError as err:
+        log.error("could not record that this respawned rank was refused (%s): %s", refused, err)
 
 
 def announce() -> None:

@@ -15,6 +15,10 @@ go on without it. Rank 0 is the exception with the default store, which rank 0's
 its death takes the store with it (``ft-launcher --ft-inprocess-respawn`` hosts the store in
 the launcher, and respawns without a delay).
 
+A replacement the job no longer takes (its rank was declared gone, the store is unreachable,
+the job has ended) records why before it fails; the supervisor then stops and exits with the
+child's status, where NVRx's forks it again forever (a torchrun worker that never ends).
+
 The supervisor writes its lines to stderr itself, not through ``logging``: it must speak
 whatever the script's logging configuration is (it runs before it), and NVRx's users read
 these exact lines.
@@ -30,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resiliency.inprocess._launcher_contract import REJOIN_FILE_ENV
+from resiliency.inprocess._launcher_contract import REFUSED_SUFFIX, REJOIN_FILE_ENV
 
 __all__ = ["monitor_and_restart"]
 
@@ -41,11 +45,13 @@ def monitor_and_restart(restart_delay: float = 5.0) -> None:
     Args:
         restart_delay: seconds between a failed child's end and the next fork.
 
-    The supervisor never returns: it exits 0 when a child exits 0, and 1 when it cannot fork
-    or wait.
+    The supervisor never returns: it exits 0 when a child exits 0, with the child's status
+    (1 for a signal) when a replacement could not rejoin the job, and 1 when it cannot fork or
+    wait.
     """
     _say("Starting self-monitoring mode")
     joined = Path(tempfile.gettempdir()) / f"resiliency-auto-restart-{os.getpid()}.joined"
+    refused = Path(str(joined) + REFUSED_SUFFIX)
     while True:
         try:
             child = os.fork()
@@ -56,6 +62,7 @@ def monitor_and_restart(restart_delay: float = 5.0) -> None:
             return
         _say(f"Launched child {child}")
         status = _wait_for(child, joined)
+        code = 1
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
             _say(f"Child {child} exited with status {code}")
@@ -65,6 +72,9 @@ def monitor_and_restart(restart_delay: float = 5.0) -> None:
             _say(f"Child {child} exited with signal {os.WTERMSIG(status)}")
         else:
             _say(f"Child {child} exited abnormally ({status:x})")
+        if refused.exists():
+            _say(f"Child {child} could not rejoin the job ({_read(refused)}); not forking again")
+            _exit(code or 1, joined)
         time.sleep(restart_delay)
         # The next child replaces a dead one: a Wrapper in it joins the running job (and writes
         # its pid to the file once it has joined, as for ft-launcher).
@@ -83,10 +93,18 @@ def _wait_for(child: int, joined: Path) -> int:
             _exit(1, joined)
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        return f"its reason could not be read: {exc}"
+
+
 def _exit(code: int, joined: Path) -> None:
-    """End the supervisor, removing the file a replacement wrote when it joined."""
-    with contextlib.suppress(FileNotFoundError):
-        joined.unlink()
+    """End the supervisor, removing the files a replacement wrote (joined, or refused)."""
+    for path in (joined, Path(str(joined) + REFUSED_SUFFIX)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     os._exit(code)
 
 

@@ -246,7 +246,8 @@ class CallWrapper:
             if self._joining is None:
                 state, deadline = self.state, self.timeouts["barrier_timeout"]
                 _barriers.start_barrier(self.store, state.rank, state.world_size, deadline)
-        except BaseException:
+        except BaseException as exc:
+            _rejoin.refuse(exc)  # a respawned process that could not even reach the job
             self._shutdown()
             raise
 
