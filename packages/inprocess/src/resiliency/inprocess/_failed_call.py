@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import gc
+import time
 import traceback
 
 import torch.distributed as dist
+
+# Seconds the main thread sleeps (GIL released) before freeing a failed call's objects.
+_DRAIN_S = 0.05
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -40,15 +44,20 @@ class Fence:
             gc.unfreeze()
 
 
-def release(exc: BaseException, fence: Fence) -> None:
+def release(exc: BaseException, fence: Fence, aborted_at: float) -> None:
     """Free what the failed call's frames hold (its DDP model, its process group).
 
-    Right after the abort is safe: a gloo group's destructor joins its worker threads, which
-    may still be finishing the aborted work and need the GIL for it, but torch destroys a
-    ``ProcessGroup`` with the GIL released (its pybind holder, ``IntrusivePtrNoGilDestructor``:
-    seen in the native stack of a destructor waiting on a worker, torch 2.13). The collection
-    runs while ``fence`` is closed: it scans the call's objects only.
+    Not earlier than the restart barrier, and not within ``_DRAIN_S`` of the abort
+    (``aborted_at``, monotonic), so that gloo's worker threads finish the aborted work first.
+    The group's destructor itself waits for them with the GIL released (torch's pybind holder
+    for ``ProcessGroup``), so this is not about a deadlock on the GIL. But with the wait
+    removed, a clean-clone run of test_a_gil_released_hang_is_aborted_and_every_rank_restarts
+    hung in the next ``init_process_group`` on every rank, three attempts in a row (29 Nov);
+    the wait is kept until that is understood. A barrier that took that long (waiting for a respawned rank) has already given
+    the threads the time; one that all ranks passed at once is topped up with a short sleep.
+    The collection runs while ``fence`` is closed: it scans the call's objects only.
     """
+    time.sleep(max(0.0, aborted_at + _DRAIN_S - time.monotonic()))
     traceback.clear_frames(exc.__traceback__)
     exc.__traceback__ = None  # the frames' own references to each other
     try:
@@ -59,22 +68,28 @@ def release(exc: BaseException, fence: Fence) -> None:
 
 
 class PendingRelease:
-    """A failed call's :func:`release`, run once, as early as it may: while the restart
-    barrier waits for a member (a respawned rank, say), else right after the barrier. Not
-    before this rank arrived there: a destructor that waits on a gloo worker must not keep the
-    others from seeing it arrive.
+    """A failed call's :func:`release`, run as early as it may: while the restart barrier
+    waits (for a respawned rank, say) once the drain after the abort is over, else right
+    after the barrier. Either way it runs once.
 
     Args:
         exc: the failed call's exception.
         fence: the fence closed before the call.
+        aborted_at: when the abort ended (monotonic).
     """
 
-    def __init__(self, exc: BaseException, fence: Fence) -> None:
+    def __init__(self, exc: BaseException, fence: Fence, aborted_at: float) -> None:
         self._exc: BaseException | None = exc
         self._fence = fence
+        self._aborted_at = aborted_at
+
+    def if_drained(self) -> None:
+        """Release now if the drain is over (called from the barrier's wait)."""
+        if time.monotonic() >= self._aborted_at + _DRAIN_S:
+            self.now()
 
     def now(self) -> None:
-        """Release now, unless done already."""
+        """Release now (after a sleep for what is left of the drain), unless done already."""
         exc, self._exc = self._exc, None
         if exc is not None:
-            release(exc, self._fence)
+            release(exc, self._fence, self._aborted_at)

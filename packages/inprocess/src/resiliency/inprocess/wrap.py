@@ -454,7 +454,7 @@ class CallWrapper:
         state = self.state
         store = self.store
         store.add_progress(it, self._marks)
-        failed = None if exc is None else PendingRelease(exc, self._fence)
+        failed = None if exc is None else PendingRelease(exc, self._fence, times.aborted)
         survivors = _barriers.restart_barrier(
             store,
             iteration=it,
@@ -462,7 +462,7 @@ class CallWrapper:
             members=self._members,
             liveness=Liveness(store, self.timeouts["heartbeat_timeout"]),
             timeout=self.timeouts["barrier_timeout"],
-            while_waiting=None if failed is None else failed.now,
+            while_waiting=None if failed is None else failed.if_drained,
         )
         if state.initial_rank not in survivors:
             discarded = RankDiscarded(
