@@ -53,9 +53,10 @@ def release(exc: BaseException, fence: Fence, aborted_at: float) -> None:
     for ``ProcessGroup``), so this is not about a deadlock on the GIL. But with the wait
     removed, a clean-clone run of test_a_gil_released_hang_is_aborted_and_every_rank_restarts
     hung in the next ``init_process_group`` on every rank, three attempts in a row (29 Nov);
-    the wait is kept until that is understood. A barrier that took that long (waiting for a respawned rank) has already given
-    the threads the time; one that all ranks passed at once is topped up with a short sleep.
-    The collection runs while ``fence`` is closed: it scans the call's objects only.
+    the wait is kept until that is understood. A barrier that took that long (waiting for a
+    respawned rank) has already given the threads the time; one that all ranks passed at once
+    is topped up with a short sleep. The collection runs while ``fence`` is closed: it scans
+    the call's objects only.
     """
     time.sleep(max(0.0, aborted_at + _DRAIN_S - time.monotonic()))
     traceback.clear_frames(exc.__traceback__)
